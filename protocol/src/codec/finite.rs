@@ -1,0 +1,49 @@
+//! Checks that a decoded scale or a whole received part holds only finite values.
+
+use super::CodecError;
+use super::kernels::{INF_BITS, abs_max_bits, first_non_finite, multiversion};
+
+multiversion! {
+    /// Whether every element of `xs` is finite.
+    pub(crate) fn all_finite(xs: &[f32]) -> bool = all_finite_impl;
+}
+
+#[inline(always)]
+fn all_finite_impl(xs: &[f32]) -> bool {
+    abs_max_bits(xs) < INF_BITS
+}
+
+/// Fails with [`CodecError::NonFiniteInput`] naming the first non-finite element of `src`.
+pub(crate) fn check_input(src: &[f32]) -> Result<(), CodecError> {
+    if all_finite(src) {
+        Ok(())
+    } else {
+        Err(CodecError::NonFiniteInput {
+            index: first_non_finite(src),
+        })
+    }
+}
+
+/// Checks the per-block scales of a received blockwise part: each must be non-negative and
+/// finite even after multiplying by the codec's largest level, so that no element can decode
+/// to ±Inf. An honest encoder always produces such scales.
+pub(crate) fn check_scales(
+    scales: &[u8],
+    max_level: f32,
+    block: usize,
+    codec: &'static str,
+) -> Result<(), CodecError> {
+    for (i, bytes) in scales.chunks_exact(4).enumerate() {
+        let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if scale.is_nan() || !(scale * max_level).is_finite() {
+            return Err(CodecError::NonFiniteDecoded { index: i * block });
+        }
+        if scale < 0.0 {
+            return Err(CodecError::Corrupt {
+                codec,
+                reason: "negative block scale",
+            });
+        }
+    }
+    Ok(())
+}

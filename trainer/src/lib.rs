@@ -1,0 +1,3 @@
+//! murmur's built-in models, datasets and optimizers, on candle.
+//!
+//! Empty until the trainer lands; the crate exists so the workspace has its final shape.
