@@ -1,0 +1,44 @@
+//! The command line.
+
+use clap::{Args, Parser, Subcommand};
+
+/// murmur: decentralized peer-to-peer training.
+#[derive(Debug, Parser)]
+#[command(name = "murmur", version, about)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Measure murmur's building blocks on this machine.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Encode and decode-accumulate speed and error of every tensor codec, one thread,
+    /// against memcpy measured in the same run.
+    Codecs(CodecsArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CodecsArgs {
+    /// Elements per tensor (f32). The default, 16 Mi, is far larger than any cache.
+    #[arg(long, default_value_t = 1 << 24)]
+    pub(crate) elements: usize,
+    /// Block size of the blockwise codecs (int8, int4, sign1), a multiple of 8 in 32..=4096.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) block: u32,
+    /// Timed repetitions per measurement; the median is reported.
+    #[arg(long, default_value_t = 7)]
+    pub(crate) repeats: usize,
+    /// Codecs to measure, comma-separated (e.g. `f16,int8,topk:10000`); all by default.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) codecs: Vec<String>,
+    /// Print one JSON object per line instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
