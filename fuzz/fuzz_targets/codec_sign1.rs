@@ -1,0 +1,5 @@
+#![no_main]
+//! The sign1 decoder on arbitrary parts: no panic, finite output, untouched accumulator on error.
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| murmur_protocol::fuzzing::codec_decoder("sign1", data));
