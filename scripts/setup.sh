@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what the README's commands need on a fresh machine. Safe to run repeatedly:
+# each step checks first and does nothing when its tool is already there.
+set -euo pipefail
+
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest" >&2
+  cargo install cargo-nextest --locked
+fi
