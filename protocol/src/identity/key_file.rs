@@ -219,6 +219,15 @@ impl Keypair {
                 source,
             }
         };
+        // A path check before opening: opening a FIFO would block until someone writes it.
+        match std::fs::metadata(path) {
+            Ok(metadata) if !metadata.is_file() => {
+                return Err(KeyFileError::NotAFile {
+                    path: path.to_owned(),
+                });
+            }
+            _ => {}
+        }
         let file = File::open(path).map_err(|source| match source.kind() {
             io::ErrorKind::NotFound => KeyFileError::NotFound {
                 path: path.to_owned(),

@@ -6,7 +6,7 @@ use super::{MessageError, WireMessage};
 use crate::frame::FrameKind;
 
 /// Largest encoded invite certificate accepted, in bytes.
-pub const MAX_INVITE_LEN: usize = 1024;
+pub const MAX_HELLO_INVITE_LEN: usize = 1024;
 
 /// The first frame each side sends on a connection: who it is, what it speaks, and the
 /// invite that admits it to the swarm. A peer reads nothing else from a connection until
@@ -32,7 +32,7 @@ pub struct AuthHello<'a> {
     /// replayed on another.
     pub nonce: [u8; 32],
     /// The sender's invite certificate, signed by the swarm authority, in the encoding of
-    /// [`identity`](crate::identity); opaque here. 1 to [`MAX_INVITE_LEN`] bytes.
+    /// [`identity`](crate::identity); opaque here. 1 to [`MAX_HELLO_INVITE_LEN`] bytes.
     pub invite: &'a [u8],
 }
 
@@ -64,7 +64,7 @@ impl<'a> WireMessage<'a> for AuthHello<'a> {
                 reason: "must not be empty",
             });
         }
-        check_len("invite", self.invite.len(), MAX_INVITE_LEN)
+        check_len("invite", self.invite.len(), MAX_HELLO_INVITE_LEN)
     }
 
     fn encode_into(&self, out: &mut [u8]) -> Result<usize, MessageError> {
@@ -85,7 +85,7 @@ impl<'a> WireMessage<'a> for AuthHello<'a> {
                 max_version: r.u8("max_version")?,
                 public_key: r.array("public_key")?,
                 nonce: r.array("nonce")?,
-                invite: read_bytes_u16(r, "invite", MAX_INVITE_LEN)?,
+                invite: read_bytes_u16(r, "invite", MAX_HELLO_INVITE_LEN)?,
             })
         })?;
         hello.validate()?;

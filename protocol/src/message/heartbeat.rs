@@ -7,7 +7,7 @@ use crate::frame::FrameKind;
 use crate::wire::Reader;
 
 /// Largest signed heartbeat envelope accepted, in bytes.
-pub const MAX_ENVELOPE_LEN: usize = 1024;
+pub const MAX_HEARTBEAT_ENVELOPE_LEN: usize = 1024;
 
 /// A peer's heartbeat as gossiped: a signed envelope whose content is an encoded
 /// [`HeartbeatBody`]. The envelope is opaque here; [`identity`](crate::identity) checks its
@@ -16,7 +16,7 @@ pub const MAX_ENVELOPE_LEN: usize = 1024;
 /// Wire form: `envelope_len u16 | envelope`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Heartbeat<'a> {
-    /// The signed envelope, 1 to [`MAX_ENVELOPE_LEN`] bytes.
+    /// The signed envelope, 1 to [`MAX_HEARTBEAT_ENVELOPE_LEN`] bytes.
     pub envelope: &'a [u8],
 }
 
@@ -34,7 +34,7 @@ impl<'a> WireMessage<'a> for Heartbeat<'a> {
                 reason: "must not be empty",
             });
         }
-        check_len("envelope", self.envelope.len(), MAX_ENVELOPE_LEN)
+        check_len("envelope", self.envelope.len(), MAX_HEARTBEAT_ENVELOPE_LEN)
     }
 
     fn encode_into(&self, out: &mut [u8]) -> Result<usize, MessageError> {
@@ -47,7 +47,7 @@ impl<'a> WireMessage<'a> for Heartbeat<'a> {
     fn decode(payload: &'a [u8]) -> Result<Self, MessageError> {
         let heartbeat = decode_with(Self::KIND, payload, |r| {
             Ok(Heartbeat {
-                envelope: read_bytes_u16(r, "envelope", MAX_ENVELOPE_LEN)?,
+                envelope: read_bytes_u16(r, "envelope", MAX_HEARTBEAT_ENVELOPE_LEN)?,
             })
         })?;
         heartbeat.validate()?;

@@ -34,13 +34,13 @@ mod reject;
 mod state_sync;
 mod tensor;
 
-pub use auth::{AuthHello, MAX_INVITE_LEN};
+pub use auth::{AuthHello, MAX_HELLO_INVITE_LEN};
 pub use error::MessageError;
 pub use group::{
     GroupBegin, GroupMember, GroupReject, GroupRejectReason, JoinGroup, MAX_GROUP_MEMBERS,
     MAX_PEER_ID_LEN,
 };
-pub use heartbeat::{AveragingMode, Heartbeat, HeartbeatBody, MAX_ENVELOPE_LEN};
+pub use heartbeat::{AveragingMode, Heartbeat, HeartbeatBody, MAX_HEARTBEAT_ENVELOPE_LEN};
 pub use push_sum::PushSumShare;
 pub use reject::{MAX_REJECT_TEXT_LEN, Reject, RejectCode};
 pub use state_sync::{StateSyncRequest, StateSyncResponse};

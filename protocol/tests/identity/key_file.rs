@@ -146,6 +146,14 @@ fn malformed_key_files_give_specific_errors() {
         Keypair::load_file(dir.path()),
         Err(KeyFileError::NotAFile { .. })
     ));
+    // A FIFO is refused without opening it: opening would block until a writer appears.
+    let fifo = dir.path().join("fifo.key");
+    let made = std::process::Command::new("mkfifo").arg("-m").arg("600").arg(&fifo).status();
+    assert!(made.is_ok_and(|s| s.success()), "mkfifo is part of coreutils");
+    assert!(matches!(
+        Keypair::load_file(&fifo),
+        Err(KeyFileError::NotAFile { .. })
+    ));
     assert!(matches!(
         load("openssh.key", "-----BEGIN OPENSSH PRIVATE KEY-----\n"),
         KeyFileError::UnknownFormat { .. }

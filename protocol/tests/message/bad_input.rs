@@ -5,9 +5,10 @@ use murmur_protocol::frame::FrameFlags;
 use murmur_protocol::frame::FrameKind;
 use murmur_protocol::message::{
     AuthHello, AveragedChunk, AveragingMode, ChunkAddress, GroupBegin, GroupMember, GroupReject,
-    GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_ENVELOPE_LEN, MAX_GROUP_MEMBERS,
-    MAX_INVITE_LEN, MAX_PEER_ID_LEN, MAX_REJECT_TEXT_LEN, Message, MessageError, PushSumShare,
-    Reject, RejectCode, StateSyncRequest, TensorPartChunk, WireMessage,
+    GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_GROUP_MEMBERS,
+    MAX_HEARTBEAT_ENVELOPE_LEN, MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, MAX_REJECT_TEXT_LEN,
+    Message, MessageError, PushSumShare, Reject, RejectCode, StateSyncRequest, TensorPartChunk,
+    WireMessage,
 };
 
 use super::allocation_counter::allocations_during;
@@ -424,7 +425,7 @@ fn over_long_fields_are_rejected_before_reading_them() {
     });
     hello.truncate(66);
     hello.extend_from_slice(
-        &u16::try_from(MAX_INVITE_LEN + 1)
+        &u16::try_from(MAX_HELLO_INVITE_LEN + 1)
             .expect("fits")
             .to_le_bytes(),
     );
@@ -432,20 +433,20 @@ fn over_long_fields_are_rejected_before_reading_them() {
         AuthHello::decode(&hello),
         Err(MessageError::TooLong {
             field: "invite",
-            len: MAX_INVITE_LEN + 1,
-            max: MAX_INVITE_LEN
+            len: MAX_HELLO_INVITE_LEN + 1,
+            max: MAX_HELLO_INVITE_LEN
         })
     );
 
-    let envelope = u16::try_from(MAX_ENVELOPE_LEN + 1)
+    let envelope = u16::try_from(MAX_HEARTBEAT_ENVELOPE_LEN + 1)
         .expect("fits")
         .to_le_bytes();
     assert_eq!(
         Heartbeat::decode(&envelope),
         Err(MessageError::TooLong {
             field: "envelope",
-            len: MAX_ENVELOPE_LEN + 1,
-            max: MAX_ENVELOPE_LEN
+            len: MAX_HEARTBEAT_ENVELOPE_LEN + 1,
+            max: MAX_HEARTBEAT_ENVELOPE_LEN
         })
     );
 

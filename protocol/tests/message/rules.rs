@@ -4,9 +4,9 @@
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::frame::{Frame, FrameError, FrameFlags, FrameKind, FrameLimits};
 use murmur_protocol::message::{
-    AuthHello, AveragedChunk, GroupBegin, GroupMember, MAX_ENVELOPE_LEN, MAX_INVITE_LEN, Message,
-    MessageError, PushSumShare, Reject, RejectCode, StateSyncRequest, StateSyncResponse,
-    TensorPartChunk, WireMessage,
+    AuthHello, AveragedChunk, GroupBegin, GroupMember, MAX_HEARTBEAT_ENVELOPE_LEN,
+    MAX_HELLO_INVITE_LEN, Message, MessageError, PushSumShare, Reject, RejectCode,
+    StateSyncRequest, StateSyncResponse, TensorPartChunk, WireMessage,
 };
 
 use super::{frame_of, payload_of, sample_chunk};
@@ -297,9 +297,9 @@ fn fuzz_entry_point_accepts_valid_streams_and_garbage() {
 
 // Whatever identity encodes must fit the message fields that carry it: an invite in a hello,
 // a signed heartbeat body in a heartbeat. Checked when the tests compile.
-const _: () = assert!(MAX_INVITE_LEN >= murmur_protocol::identity::MAX_INVITE_LEN);
+const _: () = assert!(MAX_HELLO_INVITE_LEN >= murmur_protocol::identity::MAX_INVITE_LEN);
 const _: () = assert!(
-    MAX_ENVELOPE_LEN
+    MAX_HEARTBEAT_ENVELOPE_LEN
         >= murmur_protocol::identity::SignedEnvelope::encoded_len_for(
             murmur_protocol::message::HeartbeatBody::WIRE_LEN
         )

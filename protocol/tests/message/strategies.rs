@@ -6,9 +6,9 @@
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::{
     AuthHello, AveragedChunk, AveragingMode, ChunkAddress, GroupBegin, GroupMember, GroupReject,
-    GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_ENVELOPE_LEN, MAX_INVITE_LEN,
-    MAX_PEER_ID_LEN, Message, PushSumShare, Reject, RejectCode, StateSyncRequest,
-    StateSyncResponse, TensorPartChunk,
+    GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_HEARTBEAT_ENVELOPE_LEN,
+    MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, Message, PushSumShare, Reject, RejectCode,
+    StateSyncRequest, StateSyncResponse, TensorPartChunk,
 };
 use proptest::prelude::*;
 
@@ -57,7 +57,7 @@ fn auth_hello() -> impl Strategy<Value = AuthHello<'static>> {
         0u8..4,
         any::<[u8; 32]>(),
         any::<[u8; 32]>(),
-        leaked_bytes(1..=MAX_INVITE_LEN),
+        leaked_bytes(1..=MAX_HELLO_INVITE_LEN),
     )
         .prop_map(|(min_version, span, public_key, nonce, invite)| AuthHello {
             min_version,
@@ -261,7 +261,7 @@ fn reject() -> impl Strategy<Value = Reject<'static>> {
 pub(crate) fn message() -> impl Strategy<Value = Message<'static>> {
     prop_oneof![
         auth_hello().prop_map(Message::from),
-        leaked_bytes(1..=MAX_ENVELOPE_LEN)
+        leaked_bytes(1..=MAX_HEARTBEAT_ENVELOPE_LEN)
             .prop_map(|envelope| Message::from(Heartbeat { envelope })),
         join_group().prop_map(Message::from),
         group_begin().prop_map(Message::from),
