@@ -8,6 +8,11 @@
 
 /// Defines `$vis fn $name(args) -> ret` that calls `$imp(args)` compiled for AVX2 when the
 /// CPU has it and for the baseline target otherwise. `$imp` must be `#[inline(always)]`.
+///
+/// Exported (hidden) so that the other crates of the communication path compile their
+/// loops the same way.
+#[doc(hidden)]
+#[macro_export]
 macro_rules! multiversion {
     ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? = $imp:path;) => {
         $(#[$meta])*
@@ -27,7 +32,7 @@ macro_rules! multiversion {
         }
     };
 }
-pub(crate) use multiversion;
+pub(crate) use crate::multiversion;
 
 /// `1.5 × 2²³`: adding it to a float of magnitude below 2²² rounds that float to the nearest
 /// integer (ties to even), which then sits in the low mantissa bits.
