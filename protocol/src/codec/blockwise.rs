@@ -55,6 +55,9 @@ pub(super) struct Int8;
 
 impl Int8 {
     const LEVELS: f32 = 127.0;
+    /// A byte can hold −128, one level past what the encoder writes; scales are checked
+    /// against it so that even such a byte decodes to a finite value.
+    const MAX_BYTE: f32 = 128.0;
 
     pub(super) fn encoded_len(elements: usize, block: u32) -> usize {
         blocks(elements, block) * 4 + elements
@@ -79,7 +82,7 @@ impl Int8 {
         weight: Option<f32>,
     ) -> Result<(), CodecError> {
         let (scales, q) = src.split_at(blocks(out.len(), block) * 4);
-        check_scales(scales, Self::LEVELS, block as usize, "int8")?;
+        check_scales(scales, Self::MAX_BYTE, block as usize, "int8")?;
         match weight {
             None => decode_int8(scales, q, out, block as usize),
             Some(w) => accumulate_int8(scales, q, w, out, block as usize),

@@ -205,3 +205,16 @@ fn non_finite_weight_is_refused() {
         Err(CodecError::InvalidWeight { .. })
     ));
 }
+
+/// Found by fuzzing: a scale whose product with 127 is finite, but with −128 (a byte the
+/// encoder never writes, but a peer can send) is not. It must be refused, not decoded to
+/// −Inf.
+#[test]
+fn int8_scale_that_overflows_at_minus_128_is_refused() {
+    let spec = CodecSpec::Int8 { block: 32 };
+    let scale = f32::from_bits(0x7c00_0000);
+    assert!((scale * 127.0).is_finite() && !(scale * 128.0).is_finite());
+    let mut bytes = scale.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&[0x29, 0x80, 0x04]);
+    assert_rejected(spec, &bytes, 3, CodecError::NonFiniteDecoded { index: 0 });
+}
