@@ -1,0 +1,26 @@
+//! murmur's averaging algorithms and the simulator that proves them.
+//!
+//! Every algorithm here is a sans-IO state machine: it is fed inputs (a local step finished,
+//! a share arrived, a peer left) together with the current [`Time`], and it answers with
+//! what to send to whom and when to wake it up. It owns no sockets, no clocks and no tasks,
+//! so the same code runs under the deterministic simulator in [`sim`] and, later, under the
+//! libp2p shell that drives it over real streams.
+//!
+//! - [`sgp`]: Stochastic Gradient Push, asynchronous push-sum averaging over a time-varying
+//!   directed exponential graph, with dynamic membership and graceful hand-off on leave.
+//! - [`sim`]: a discrete-event simulator with virtual time, per-direction link bandwidth,
+//!   latency and loss, per-peer compute speed and churn schedules. Runs are seeded and
+//!   reproducible bit for bit.
+//!
+//! Peers are named by any small copyable, ordered key ([`PeerKey`]): the simulator uses
+//! integers so that thousands of peers fit in one process, the network layer maps libp2p
+//! peer ids onto the same trait.
+
+pub mod sgp;
+pub mod sim;
+
+mod peer;
+mod time;
+
+pub use peer::PeerKey;
+pub use time::Time;

@@ -1,0 +1,112 @@
+//! Settings of the SGP state machine.
+
+use std::time::Duration;
+
+use murmur_protocol::codec::CodecSpec;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::error::SgpError;
+
+/// Settings of one SGP peer (`averaging.sgp` in a swarm config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SgpConfig {
+    /// Out-peers per step; each receives `1 / (out_degree + 1)` of the peer's mass.
+    pub out_degree: usize,
+    /// Overlap τ: how many of its own steps a peer may run ahead of its unconfirmed shares.
+    ///
+    /// Before starting local step `k`, a peer needs every share it sent at a step
+    /// `≤ k − 1 − τ` to be confirmed (delivered, returned, or timed out). With τ = 0 each
+    /// step's share is delivered before the next step starts; with τ = 1 one step of
+    /// communication overlaps one step of compute. τ bounds only the peer's *own* pipeline:
+    /// a peer never waits for shares *to* it, and a share is folded in whenever it arrives,
+    /// however old, because dropping it would destroy mass. Consequently every share is
+    /// folded in at most τ + 1 of its sender's steps after it was sent (or never, if its
+    /// receiver crashed).
+    pub staleness: u32,
+    /// How long a sent share may stay unconfirmed before the peer stops waiting for it, in
+    /// milliseconds. A share that is returned later is still folded back in.
+    pub share_timeout_ms: u64,
+    /// How numerator shares are encoded: `f32` (exact) or a lossy codec such as `int8`.
+    ///
+    /// With a lossy codec a peer quantizes the deviation of its parameters from a reference
+    /// it shares with each out-peer, so the error scales with how far the parameters moved
+    /// since the last share on that edge, not with their magnitude (see the [module
+    /// docs](super)). Each peer then holds one reference vector per recent out-peer and
+    /// per recent in-peer, up to [`SgpConfig::max_edge_references`] of each.
+    #[serde(
+        serialize_with = "serialize_codec",
+        deserialize_with = "deserialize_codec"
+    )]
+    pub share_codec: CodecSpec,
+    /// With a lossy share codec: at most this many out-edge and this many in-edge references
+    /// are kept; the least recently used is dropped first (its next share is sent exactly).
+    pub max_edge_references: usize,
+}
+
+impl SgpConfig {
+    /// Checks every value, naming the key that is out of range.
+    pub fn validate(&self) -> Result<(), SgpError> {
+        if !(1..=16).contains(&self.out_degree) {
+            return Err(SgpError::InvalidConfig {
+                key: "out_degree",
+                value: self.out_degree.to_string(),
+                allowed: "1 to 16",
+            });
+        }
+        if self.staleness > 64 {
+            return Err(SgpError::InvalidConfig {
+                key: "staleness",
+                value: self.staleness.to_string(),
+                allowed: "0 to 64",
+            });
+        }
+        if self.share_timeout_ms == 0 {
+            return Err(SgpError::InvalidConfig {
+                key: "share_timeout_ms",
+                value: self.share_timeout_ms.to_string(),
+                allowed: "at least 1",
+            });
+        }
+        if !(1..=1024).contains(&self.max_edge_references) {
+            return Err(SgpError::InvalidConfig {
+                key: "max_edge_references",
+                value: self.max_edge_references.to_string(),
+                allowed: "1 to 1024",
+            });
+        }
+        self.share_codec
+            .validate()
+            .map_err(|error| SgpError::InvalidConfig {
+                key: "share_codec",
+                value: format!("{} ({error})", self.share_codec),
+                allowed: "f32, f16, bf16, int8[:block], int4[:block], sign1[:block], topk[:ppm]",
+            })
+    }
+
+    /// The share timeout as a duration.
+    pub fn share_timeout(&self) -> Duration {
+        Duration::from_millis(self.share_timeout_ms)
+    }
+}
+
+impl Default for SgpConfig {
+    fn default() -> SgpConfig {
+        SgpConfig {
+            out_degree: 1,
+            staleness: 1,
+            share_timeout_ms: 30_000,
+            share_codec: CodecSpec::F32,
+            max_edge_references: 32,
+        }
+    }
+}
+
+fn serialize_codec<S: Serializer>(codec: &CodecSpec, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(codec)
+}
+
+fn deserialize_codec<'de, D: Deserializer<'de>>(deserializer: D) -> Result<CodecSpec, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    CodecSpec::parse(&text).map_err(serde::de::Error::custom)
+}

@@ -1,0 +1,64 @@
+//! Stochastic Gradient Push: asynchronous push-sum averaging for decentralized training.
+//!
+//! # The algorithm
+//!
+//! SGP (Assran, Loizou, Ballas and Rabbat, "Stochastic Gradient Push for Distributed Deep
+//! Learning", ICML 2019) interleaves local optimizer steps with *push-sum* gossip (Kempe,
+//! Dobra and Gehrke, "Gossip-Based Computation of Aggregate Information", FOCS 2003).
+//! Every peer `i` holds a numerator vector `x_i` and a scalar weight `w_i` (initially its
+//! parameters and 1). One step of peer `i` is:
+//!
+//! 1. compute a stochastic gradient at the de-biased parameters `z_i = x_i / w_i` and apply
+//!    the optimizer step to the numerator, `x_i ← x_i − γ·g_i`;
+//! 2. keep `1 / (d + 1)` of `(x_i, w_i)` and push a share of `1 / (d + 1)` to each of its
+//!    `d` out-peers (one by default, so half is kept and half is sent);
+//! 3. add every share `(x, w)` that arrives, whenever it arrives.
+//!
+//! Mixing only moves mass: the sums `Σ x_i` and `Σ w_i` are invariant, so each `z_i`
+//! converges to `Σ x_i / Σ w_i`, the average, even though the graph is directed and the
+//! peers never wait for one another. The weights correct for the uneven in-degrees that a
+//! directed, time-varying graph has at any moment.
+//!
+//! # Who sends to whom
+//!
+//! Out-peers come from the time-varying directed exponential graph ([`ExponentialGraph`])
+//! over the peer's [`MembershipView`], which ranks peers by key so that all peers with the
+//! same view derive the same graph. With `n` a power of two and peers stepping together, `log₂ n`
+//! steps average exactly.
+//!
+//! # Overlap and staleness
+//!
+//! A share is folded in the moment it arrives, whatever step its sender was at (overlap
+//! SGP). The staleness bound τ ([`SgpConfig::staleness`]) limits how far a peer's compute may
+//! run ahead of its own unconfirmed shares; it never makes a peer wait for anyone else, so
+//! a straggler slows only its own contribution.
+//!
+//! # Membership
+//!
+//! - *Join*: a joiner starts with no mass (`w = 0`) and trains once its first share has
+//!   arrived; the swarm's total mass and average are unchanged by the join.
+//! - *Graceful leave*: the leaver hands its whole `(x, w)` to its successor in rank order,
+//!   forwards whatever still arrives, and departs once every hand-off is confirmed. No mass
+//!   is lost.
+//! - *Crash*: the crashed peer's mass is lost. The survivors' weights stay positive (a
+//!   peer always keeps part of its own mass) and `z = x / w` converges to the weighted
+//!   average of the mass that remains, which is still an average of the initial values.
+//! - A share its transport could not deliver is given back ([`SgpInput::ShareReturned`])
+//!   and folded in again by its sender.
+
+mod config;
+mod error;
+mod machine;
+mod membership;
+mod quantized;
+mod schedule;
+mod share;
+mod state;
+
+pub use config::SgpConfig;
+pub use error::SgpError;
+pub use machine::{SgpInput, SgpOutput, SgpPeer, SgpStats};
+pub use membership::MembershipView;
+pub use schedule::ExponentialGraph;
+pub use share::ShareHeader;
+pub use state::PushSumState;

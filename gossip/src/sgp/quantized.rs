@@ -1,0 +1,331 @@
+//! Quantized shares: deviations from a reference each edge shares, with mass kept exact.
+//!
+//! Quantizing a share of the numerator itself would add noise proportional to the
+//! parameters' magnitude on every step, and push-sum would never agree. Instead each
+//! directed edge `i → j` keeps a reference `r`, a de-biased parameter vector both ends hold
+//! bit for bit (CHOCO-SGD, Koloskova et al., ICML 2019; quantized push-sum, Taheri et al.,
+//! ICML 2020). A share of weight `w_s` is sent as `Q(z_i − r)`; both ends compute
+//! `v = r + Q⁻¹(Q(z_i − r))`, set `r ← v`, and move the numerator `w_s · v`: the sender
+//! subtracts exactly the vector the receiver adds. The quantization error `w_s·(z_i − v)`
+//! stays in the sender's numerator instead of vanishing, so no mass is lost, and its size
+//! is the codec's error on `z_i − r`, which is how far the sender moved since its last
+//! share on this edge: it shrinks as the swarm agrees.
+//!
+//! The first share on an edge, and the first after the edge was forgotten, is sent exactly
+//! (`f32`) and sets the reference to `s / w_s`. An edge carries at most one unconfirmed
+//! share; a share due on an edge still waiting is skipped (the peer keeps that mass), so
+//! that a returned share can always be taken back exactly. A receiver whose reference does
+//! not match a share rejects it with [`SgpError::StaleReference`], and the transport
+//! returns it to its sender, who takes it back and forgets the edge.
+
+use murmur_protocol::codec::{Codec, CodecSpec};
+
+use crate::PeerKey;
+
+use super::error::SgpError;
+use super::share::ShareHeader;
+use super::state::{F32_BYTES, PushSumState};
+
+/// The sender's end of an edge.
+#[derive(Debug)]
+struct OutEdge<P> {
+    peer: P,
+    /// The sender step at which `reference` was last set.
+    version: u64,
+    reference: Vec<f32>,
+    /// Sequence number of the share on this edge not yet confirmed.
+    unconfirmed: Option<u64>,
+    /// The peer left the view; drop the edge once its share is settled.
+    orphaned: bool,
+    last_used: u64,
+}
+
+/// The receiver's end of an edge.
+#[derive(Debug)]
+struct InEdge<P> {
+    peer: P,
+    version: u64,
+    reference: Vec<f32>,
+    last_used: u64,
+}
+
+/// The quantized-share state of one peer: its codec and its edges' references.
+#[derive(Debug)]
+pub(crate) struct EdgeReferences<P> {
+    codec: Codec,
+    capacity: usize,
+    out_edges: Vec<OutEdge<P>>,
+    in_edges: Vec<InEdge<P>>,
+    /// Scratch for `z` or a decoded `v`, one parameter vector long.
+    scratch: Vec<f32>,
+    clock: u64,
+}
+
+/// What [`EdgeReferences::split`] put in the payload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SplitShare {
+    pub(crate) weight: f64,
+    pub(crate) reference: Option<u64>,
+    pub(crate) codec: CodecSpec,
+}
+
+impl<P: PeerKey> EdgeReferences<P> {
+    pub(crate) fn new(codec: Codec, capacity: usize, len: usize) -> EdgeReferences<P> {
+        EdgeReferences {
+            codec,
+            capacity: capacity.max(1),
+            out_edges: Vec::new(),
+            in_edges: Vec::new(),
+            scratch: vec![0.0; len],
+            clock: 0,
+        }
+    }
+
+    /// Moves `fraction` of `state`'s mass towards `to` at `step`, writing the payload.
+    ///
+    /// Returns `None`, leaving everything untouched, when the edge to `to` still waits for
+    /// a confirmation: the peer then keeps that share.
+    pub(crate) fn split(
+        &mut self,
+        state: &mut PushSumState,
+        to: P,
+        fraction: f32,
+        step: u64,
+        seq: u64,
+        payload: &mut Vec<u8>,
+    ) -> Option<SplitShare> {
+        self.clock += 1;
+        let clock = self.clock;
+        let at = self.out_edges.iter().position(|edge| edge.peer == to);
+        if let Some(at) = at
+            && self.out_edges[at].unconfirmed.is_some()
+        {
+            return None;
+        }
+        let Some(at) = at else {
+            // No reference yet: send exactly, and let both ends derive one from the share.
+            let weight = state.split_f32(fraction, payload);
+            let mut reference = vec![0.0; state.len()];
+            reference_from_share(payload, weight, &mut reference);
+            self.make_room_out();
+            self.out_edges.push(OutEdge {
+                peer: to,
+                version: step,
+                reference,
+                unconfirmed: Some(seq),
+                orphaned: false,
+                last_used: clock,
+            });
+            return Some(SplitShare {
+                weight,
+                reference: None,
+                codec: CodecSpec::F32,
+            });
+        };
+        if state.debiased_into(&mut self.scratch).is_err() {
+            return None;
+        }
+        let edge = &mut self.out_edges[at];
+        // scratch ← z − r, the deviation to quantize.
+        for (deviation, &reference) in self.scratch.iter_mut().zip(&edge.reference) {
+            *deviation -= reference;
+        }
+        payload.clear();
+        payload.resize(self.codec.max_encoded_len(self.scratch.len()), 0);
+        let encoded = self.codec.encode(&self.scratch, payload).ok()?;
+        payload.truncate(encoded);
+        // r ← r + Q⁻¹(Q(z − r)): the value both ends will hold.
+        self.codec
+            .decode_accumulate(payload, 1.0, &mut edge.reference)
+            .ok()?;
+        let weight = state.take_fraction_of_weight(f64::from(fraction));
+        state.subtract_scaled(weight, &edge.reference);
+        let reference = Some(edge.version);
+        edge.version = step;
+        edge.unconfirmed = Some(seq);
+        edge.last_used = clock;
+        Some(SplitShare {
+            weight,
+            reference,
+            codec: self.codec.spec(),
+        })
+    }
+
+    /// Adds a share from `from` to `state`. Nothing changes on error.
+    pub(crate) fn absorb(
+        &mut self,
+        state: &mut PushSumState,
+        from: P,
+        header: ShareHeader,
+        payload: &[u8],
+    ) -> Result<(), SgpError> {
+        self.clock += 1;
+        let Some(version) = header.reference else {
+            check_exact(header.codec)?;
+            state.absorb_f32(header.weight, payload)?;
+            let at = match self.in_edges.iter().position(|edge| edge.peer == from) {
+                Some(at) => at,
+                None => {
+                    self.make_room_in();
+                    self.in_edges.push(InEdge {
+                        peer: from,
+                        version: 0,
+                        reference: vec![0.0; state.len()],
+                        last_used: 0,
+                    });
+                    self.in_edges.len() - 1
+                }
+            };
+            let edge = &mut self.in_edges[at];
+            reference_from_share(payload, header.weight, &mut edge.reference);
+            edge.version = header.step;
+            edge.last_used = self.clock;
+            return Ok(());
+        };
+        if header.codec != self.codec.spec() {
+            return Err(SgpError::UnexpectedCodec {
+                expected: self.codec.spec(),
+                got: header.codec,
+            });
+        }
+        super::state::check_share_weight(header.weight)?;
+        let edge = self
+            .in_edges
+            .iter_mut()
+            .find(|edge| edge.peer == from && edge.version == version)
+            .ok_or(SgpError::StaleReference { version })?;
+        self.scratch.copy_from_slice(&edge.reference);
+        self.codec
+            .decode_accumulate(payload, 1.0, &mut self.scratch)
+            .map_err(|error| SgpError::BadPayload(error.to_string()))?;
+        if !self.scratch.iter().all(|v| v.is_finite()) {
+            return Err(SgpError::NonFinitePayload);
+        }
+        std::mem::swap(&mut edge.reference, &mut self.scratch);
+        edge.version = header.step;
+        edge.last_used = self.clock;
+        state.add_scaled(header.weight, &edge.reference);
+        Ok(())
+    }
+
+    /// Takes back a share the transport returned from `to`, and forgets the edge.
+    ///
+    /// Fails, leaving `state` untouched, when the edge no longer holds the reference the
+    /// share was built on (it timed out and was forgotten): that share's mass is lost.
+    pub(crate) fn reclaim(
+        &mut self,
+        state: &mut PushSumState,
+        to: P,
+        header: ShareHeader,
+        payload: &[u8],
+    ) -> Result<(), SgpError> {
+        let at = self.out_edges.iter().position(|edge| edge.peer == to);
+        let Some(version) = header.reference else {
+            check_exact(header.codec)?;
+            state.absorb_f32(header.weight, payload)?;
+            if let Some(at) = at
+                && self.out_edges[at].unconfirmed == Some(header.seq)
+            {
+                self.out_edges.swap_remove(at);
+            }
+            return Ok(());
+        };
+        let at = at
+            .filter(|&at| {
+                let edge = &self.out_edges[at];
+                edge.unconfirmed == Some(header.seq) && edge.version == header.step
+            })
+            .ok_or(SgpError::StaleReference { version })?;
+        super::state::check_share_weight(header.weight)?;
+        let edge = self.out_edges.swap_remove(at);
+        state.add_scaled(header.weight, &edge.reference);
+        Ok(())
+    }
+
+    /// The share `seq` to `to` was delivered.
+    pub(crate) fn confirm(&mut self, to: P, seq: u64) {
+        if let Some(at) = self
+            .out_edges
+            .iter()
+            .position(|edge| edge.peer == to && edge.unconfirmed == Some(seq))
+        {
+            self.out_edges[at].unconfirmed = None;
+            if self.out_edges[at].orphaned {
+                self.out_edges.swap_remove(at);
+            }
+        }
+    }
+
+    /// The sender stopped waiting for share `seq` to `to`: forget that edge.
+    pub(crate) fn expire(&mut self, to: P, seq: u64) {
+        self.out_edges
+            .retain(|edge| !(edge.peer == to && edge.unconfirmed == Some(seq)));
+    }
+
+    /// `peer` left the view: forget its edges, once their shares are settled.
+    pub(crate) fn forget(&mut self, peer: P) {
+        self.in_edges.retain(|edge| edge.peer != peer);
+        self.out_edges.retain_mut(|edge| {
+            if edge.peer != peer {
+                return true;
+            }
+            edge.orphaned = true;
+            edge.unconfirmed.is_some()
+        });
+    }
+
+    /// Drops the least recently used settled out-edge if the table is full.
+    fn make_room_out(&mut self) {
+        if self.out_edges.len() < self.capacity {
+            return;
+        }
+        if let Some(at) = self
+            .out_edges
+            .iter()
+            .enumerate()
+            .filter(|(_, edge)| edge.unconfirmed.is_none())
+            .min_by_key(|(_, edge)| edge.last_used)
+            .map(|(at, _)| at)
+        {
+            self.out_edges.swap_remove(at);
+        }
+    }
+
+    /// Drops the least recently used in-edge if the table is full.
+    fn make_room_in(&mut self) {
+        if self.in_edges.len() < self.capacity {
+            return;
+        }
+        if let Some(at) = self
+            .in_edges
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, edge)| edge.last_used)
+            .map(|(at, _)| at)
+        {
+            self.in_edges.swap_remove(at);
+        }
+    }
+}
+
+/// An exact share must say so: `f32`, no reference.
+fn check_exact(codec: CodecSpec) -> Result<(), SgpError> {
+    if codec == CodecSpec::F32 {
+        Ok(())
+    } else {
+        Err(SgpError::UnexpectedCodec {
+            expected: CodecSpec::F32,
+            got: codec,
+        })
+    }
+}
+
+/// `r_k = s_k / w_s`, computed the same way at both ends of the edge.
+fn reference_from_share(payload: &[u8], weight: f64, reference: &mut [f32]) {
+    let inverse = 1.0 / weight;
+    for (r, bytes) in reference.iter_mut().zip(payload.chunks_exact(F32_BYTES)) {
+        let mut raw = [0u8; F32_BYTES];
+        raw.copy_from_slice(bytes);
+        *r = (f64::from(f32::from_le_bytes(raw)) * inverse) as f32;
+    }
+}

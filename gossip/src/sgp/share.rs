@@ -1,0 +1,24 @@
+//! What travels between two SGP peers: a share of push-sum mass.
+
+use murmur_protocol::codec::CodecSpec;
+
+/// The scalar part of a share; the numerator travels beside it as a payload.
+///
+/// The fields map onto the wire message `murmur_protocol::message::PushSumShare`, except
+/// `seq`, which only the sender and its transport use. On the wire the weight is an exact
+/// `f64`: rounding it would let total weight drift, and every peer's `z = x / w` with it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ShareHeader {
+    /// Sequence number, unique per sender; the transport quotes it to confirm delivery.
+    pub seq: u64,
+    /// The sender's local step when it sent the share.
+    pub step: u64,
+    /// The push-sum weight moved with the share.
+    pub weight: f64,
+    /// `None`: the payload is the numerator share itself, as `f32`. `Some(s)`: the payload
+    /// is the deviation of the sender's de-biased parameters from the reference this edge
+    /// agreed on at the sender's step `s`, encoded with `codec`.
+    pub reference: Option<u64>,
+    /// How the payload is encoded.
+    pub codec: CodecSpec,
+}

@@ -1,0 +1,191 @@
+//! The push-sum state of one peer: numerator `x`, weight `w`, and the de-biased `z = x / w`.
+
+use super::error::SgpError;
+
+/// Bytes one numerator element occupies in an `f32` share payload.
+pub(crate) const F32_BYTES: usize = 4;
+
+/// One peer's push-sum mass: a numerator vector `x` and a scalar weight `w`.
+///
+/// The de-biased parameters are `z = x / w`; they are what the peer trains on and what the
+/// swarm converges to. Mixing moves mass between peers, never creates or destroys it: a
+/// share subtracted here is exactly what another peer adds (Kempe et al., 2003). The weight
+/// is kept in `f64` so that the total weight of the swarm stays exact to rounding over
+/// millions of splits; the numerator is `f32`, like the parameters the trainer holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushSumState {
+    numerator: Vec<f32>,
+    weight: f64,
+}
+
+impl PushSumState {
+    /// A peer's initial state: `x` = its parameters, `w` = 1, so `z = x`.
+    pub fn new(parameters: Vec<f32>) -> PushSumState {
+        PushSumState {
+            numerator: parameters,
+            weight: 1.0,
+        }
+    }
+
+    /// A peer that holds no mass yet (`x = 0`, `w = 0`): a joiner waiting for its first share.
+    pub fn empty(len: usize) -> PushSumState {
+        PushSumState {
+            numerator: vec![0.0; len],
+            weight: 0.0,
+        }
+    }
+
+    /// Number of elements in the parameter vector.
+    pub fn len(&self) -> usize {
+        self.numerator.len()
+    }
+
+    /// Whether the parameter vector has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.numerator.is_empty()
+    }
+
+    /// The push-sum weight `w`.
+    pub fn weight(&self) -> f64 {
+        self.weight
+    }
+
+    /// The numerator `x`.
+    pub fn numerator(&self) -> &[f32] {
+        &self.numerator
+    }
+
+    /// Mutable access to the numerator, for the optimizer step `x ← x − γ·g`.
+    pub(crate) fn numerator_mut(&mut self) -> &mut [f32] {
+        &mut self.numerator
+    }
+
+    /// Writes the de-biased parameters `z = x / w` into `out`.
+    ///
+    /// Fails when `out` has the wrong length, or when the peer holds no mass (`w = 0`, a
+    /// joiner before its first share), where `z` is undefined.
+    pub fn debiased_into(&self, out: &mut [f32]) -> Result<(), SgpError> {
+        if out.len() != self.numerator.len() {
+            return Err(SgpError::LengthMismatch {
+                expected: self.numerator.len(),
+                got: out.len(),
+            });
+        }
+        if self.weight <= 0.0 {
+            return Err(SgpError::NoMass);
+        }
+        let inverse = 1.0 / self.weight;
+        for (z, &x) in out.iter_mut().zip(&self.numerator) {
+            *z = (f64::from(x) * inverse) as f32;
+        }
+        Ok(())
+    }
+
+    /// Moves `fraction` of this peer's mass out, writing the numerator share into `payload`
+    /// as little-endian `f32`s, and returns the share's weight.
+    ///
+    /// The share written is exactly what is subtracted: `x_k` becomes `x_k − s_k` with
+    /// `s_k = fl(x_k · fraction)` as written, and for `fraction = ½` both are exact.
+    pub(crate) fn split_f32(&mut self, fraction: f32, payload: &mut Vec<u8>) -> f64 {
+        payload.clear();
+        payload.resize(self.numerator.len() * F32_BYTES, 0);
+        for (x, bytes) in self
+            .numerator
+            .iter_mut()
+            .zip(payload.chunks_exact_mut(F32_BYTES))
+        {
+            let share = *x * fraction;
+            *x -= share;
+            bytes.copy_from_slice(&share.to_le_bytes());
+        }
+        self.take_weight(f64::from(fraction))
+    }
+
+    /// Moves all of this peer's mass out into `payload`; returns the weight moved.
+    pub(crate) fn drain_f32(&mut self, payload: &mut Vec<u8>) -> f64 {
+        payload.clear();
+        payload.reserve(self.numerator.len() * F32_BYTES);
+        for x in &mut self.numerator {
+            payload.extend_from_slice(&x.to_le_bytes());
+            *x = 0.0;
+        }
+        std::mem::take(&mut self.weight)
+    }
+
+    /// Adds a share (`weight`, numerator as little-endian `f32`s) to this peer's mass.
+    ///
+    /// The payload is checked before anything is added, so a malformed share leaves the
+    /// state untouched.
+    pub(crate) fn absorb_f32(&mut self, weight: f64, payload: &[u8]) -> Result<(), SgpError> {
+        check_share_weight(weight)?;
+        let expected = self.numerator.len() * F32_BYTES;
+        if payload.len() != expected {
+            return Err(SgpError::PayloadLength {
+                expected,
+                got: payload.len(),
+            });
+        }
+        let all_finite = payload
+            .chunks_exact(F32_BYTES)
+            .all(|bytes| f32_from_le(bytes).is_finite());
+        if !all_finite {
+            return Err(SgpError::NonFinitePayload);
+        }
+        for (x, bytes) in self
+            .numerator
+            .iter_mut()
+            .zip(payload.chunks_exact(F32_BYTES))
+        {
+            *x += f32_from_le(bytes);
+        }
+        self.weight += weight;
+        Ok(())
+    }
+
+    /// Removes `weight · v` from the numerator, with `(weight · v_k)` rounded to `f32`
+    /// exactly as [`PushSumState::add_scaled`] rounds it on the other end.
+    pub(crate) fn subtract_scaled(&mut self, weight: f64, v: &[f32]) {
+        for (x, &v) in self.numerator.iter_mut().zip(v) {
+            *x -= (f64::from(v) * weight) as f32;
+        }
+    }
+
+    /// Adds `weight · v` to the numerator and `weight` to the weight.
+    pub(crate) fn add_scaled(&mut self, weight: f64, v: &[f32]) {
+        for (x, &v) in self.numerator.iter_mut().zip(v) {
+            *x += (f64::from(v) * weight) as f32;
+        }
+        self.weight += weight;
+    }
+
+    /// Removes `fraction` of the weight alone and returns the amount removed.
+    pub(crate) fn take_fraction_of_weight(&mut self, fraction: f64) -> f64 {
+        self.take_weight(fraction)
+    }
+
+    /// Removes `fraction` of the weight and returns the amount removed.
+    ///
+    /// The amount returned is the difference actually taken off, so sender and receiver
+    /// account for the same number even where `w · fraction` rounds.
+    fn take_weight(&mut self, fraction: f64) -> f64 {
+        let before = self.weight;
+        self.weight = before - before * fraction;
+        before - self.weight
+    }
+}
+
+/// A share weight must be finite and positive; anything else would poison `z`.
+pub(crate) fn check_share_weight(weight: f64) -> Result<(), SgpError> {
+    if weight.is_finite() && weight > 0.0 {
+        Ok(())
+    } else {
+        Err(SgpError::BadShareWeight { weight })
+    }
+}
+
+/// Reads one little-endian `f32` from a 4-byte chunk.
+fn f32_from_le(bytes: &[u8]) -> f32 {
+    let mut raw = [0u8; F32_BYTES];
+    raw.copy_from_slice(bytes);
+    f32::from_le_bytes(raw)
+}

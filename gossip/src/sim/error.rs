@@ -1,0 +1,23 @@
+//! What can go wrong in a simulated run.
+
+use thiserror::Error;
+
+use crate::sgp::SgpError;
+
+/// Why a simulation could not run.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum SimError {
+    /// A scenario value is out of range.
+    #[error("scenario key `{key}` = {value} is out of range: {allowed}")]
+    InvalidScenario {
+        /// The scenario key.
+        key: &'static str,
+        /// The value given.
+        value: String,
+        /// The allowed range.
+        allowed: &'static str,
+    },
+    /// The SGP state machine refused an input the simulator considers valid.
+    #[error("SGP state machine refused a simulated input: {0}")]
+    Sgp(#[from] SgpError),
+}

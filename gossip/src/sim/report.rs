@@ -1,0 +1,160 @@
+//! What a simulated run reports: one record per round and a summary.
+
+use std::fmt;
+use std::io::{self, Write};
+
+use serde::Serialize;
+
+/// The state of the swarm at the end of one round.
+///
+/// Errors are relative to the *initial disagreement* `D₀`, the root mean square over the
+/// founding peers of `‖x_i(0) − x̄(0)‖₂`: an error of 1e-6 means the peers are a million
+/// times closer than they started, whatever the values' offset or scale.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RoundRecord {
+    /// Round index (round `r` ends at `r · compute.step_ms`).
+    pub round: u64,
+    /// Virtual time at the end of the round, in seconds.
+    pub time_s: f64,
+    /// Peers alive and holding mass.
+    pub live_peers: usize,
+    /// `max_i ‖z_i − ȳ‖₂ / D₀` over live peers, where `ȳ = Σ x_i / Σ w_i` is the average
+    /// of the mass the live peers hold: how far the peers are from agreeing.
+    pub consensus_error: f64,
+    /// `max_i ‖z_i − x̄(0)‖₂ / D₀`: how far the peers are from the founding peers'
+    /// initial average (the exact answer of a fault-free consensus run).
+    pub average_error: f64,
+    /// `Σ w_i` over live peers plus the weight of shares in flight.
+    pub total_weight: f64,
+    /// Smallest weight of a live peer that holds mass.
+    pub min_weight: f64,
+    /// Local steps completed so far, all peers together.
+    pub steps: u64,
+    /// Training samples processed so far.
+    pub samples: u64,
+    /// Bytes put on the wire so far.
+    pub bytes_sent: u64,
+}
+
+/// Totals of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimSummary {
+    /// Scenario name.
+    pub name: String,
+    /// Algorithm name.
+    pub algorithm: String,
+    /// Peers at the start.
+    pub peers_start: usize,
+    /// Peers alive at the end.
+    pub peers_end: usize,
+    /// Rounds simulated.
+    pub rounds: u64,
+    /// Virtual time simulated, in seconds.
+    pub virtual_secs: f64,
+    /// Training samples per virtual second, all peers together.
+    pub samples_per_sec: f64,
+    /// Consensus error at the end (see [`RoundRecord::consensus_error`]).
+    pub final_consensus_error: f64,
+    /// Error against the initial average at the end (see [`RoundRecord::average_error`]).
+    pub final_average_error: f64,
+    /// Total weight at the start.
+    pub initial_total_weight: f64,
+    /// Total weight at the end.
+    pub final_total_weight: f64,
+    /// Weight lost with crashed peers.
+    pub crashed_weight: f64,
+    /// Weight of shares dropped as malformed, or returned to a sender that could not take
+    /// them back.
+    pub dropped_weight: f64,
+    /// Bytes put on the wire.
+    pub bytes_sent: u64,
+    /// Messages sent.
+    pub messages: u64,
+    /// Events the simulator processed.
+    pub events: u64,
+}
+
+/// Everything a run reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SimReport {
+    /// Totals.
+    pub summary: SimSummary,
+    /// One record every `record_every` rounds, round 0 included.
+    pub rounds: Vec<RoundRecord>,
+}
+
+impl SimReport {
+    /// Writes the per-round records as CSV with a header line.
+    pub fn write_csv(&self, out: &mut impl Write) -> io::Result<()> {
+        writeln!(
+            out,
+            "round,time_s,live_peers,consensus_error,average_error,total_weight,min_weight,steps,samples,bytes_sent"
+        )?;
+        for r in &self.rounds {
+            writeln!(
+                out,
+                "{},{},{},{:e},{:e},{},{},{},{},{}",
+                r.round,
+                r.time_s,
+                r.live_peers,
+                r.consensus_error,
+                r.average_error,
+                r.total_weight,
+                r.min_weight,
+                r.steps,
+                r.samples,
+                r.bytes_sent
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The whole report as JSON.
+    pub fn to_json(&self) -> String {
+        // Serializing plain numbers and strings cannot fail; non-finite floats become null.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for SimSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let rows: [(&str, String); 14] = [
+            ("scenario", self.name.clone()),
+            ("algorithm", self.algorithm.clone()),
+            (
+                "peers (start → end)",
+                format!("{} → {}", self.peers_start, self.peers_end),
+            ),
+            ("rounds", self.rounds.to_string()),
+            ("virtual time", format!("{:.3} s", self.virtual_secs)),
+            ("samples/s", format!("{:.1}", self.samples_per_sec)),
+            (
+                "consensus error",
+                format!("{:.3e}", self.final_consensus_error),
+            ),
+            (
+                "error vs initial average",
+                format!("{:.3e}", self.final_average_error),
+            ),
+            (
+                "total weight (start → end)",
+                format!(
+                    "{:.9} → {:.9}",
+                    self.initial_total_weight, self.final_total_weight
+                ),
+            ),
+            (
+                "weight lost in crashes",
+                format!("{:.6}", self.crashed_weight),
+            ),
+            ("weight dropped", format!("{:.6}", self.dropped_weight)),
+            ("bytes sent", self.bytes_sent.to_string()),
+            ("messages", self.messages.to_string()),
+            ("events", self.events.to_string()),
+        ];
+        for (label, value) in rows {
+            writeln!(f, "{label:<28} {value}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,336 @@
+//! The SGP state machine, input by input: hand-offs, joins, overlap, bad shares, returns.
+
+use std::time::Duration;
+
+use murmur_gossip::Time;
+use murmur_gossip::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use murmur_protocol::codec::CodecSpec;
+
+const T0: Time = Time::ZERO;
+
+fn outputs(peer: &mut SgpPeer<u32>) -> Vec<SgpOutput<u32>> {
+    std::iter::from_fn(|| peer.poll_output()).collect()
+}
+
+/// The shares among `outputs`, as (receiver, header, payload).
+fn shares(outputs: &[SgpOutput<u32>]) -> Vec<(u32, ShareHeader, Vec<u8>)> {
+    outputs
+        .iter()
+        .filter_map(|output| match output {
+            SgpOutput::SendShare {
+                to,
+                header,
+                payload,
+            } => Some((*to, *header, payload.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn starts(outputs: &[SgpOutput<u32>]) -> Vec<u64> {
+    outputs
+        .iter()
+        .filter_map(|output| match output {
+            SgpOutput::StartStep { step } => Some(*step),
+            _ => None,
+        })
+        .collect()
+}
+
+fn peer(me: u32, members: u32, values: &[f32], config: SgpConfig) -> SgpPeer<u32> {
+    SgpPeer::new(me, 0..members, values.to_vec(), config).expect("valid config")
+}
+
+/// Runs one local step of `peer` and returns the share it pushed.
+fn step(peer: &mut SgpPeer<u32>) -> (u32, ShareHeader, Vec<u8>) {
+    outputs(peer);
+    peer.handle(T0, SgpInput::LocalStepDone).expect("step");
+    let mut sent = shares(&outputs(peer));
+    assert_eq!(sent.len(), 1);
+    sent.remove(0)
+}
+
+#[test]
+fn a_step_keeps_half_and_pushes_half_to_the_next_power_of_two() {
+    let mut a = peer(0, 8, &[2.0, -4.0], SgpConfig::default());
+    assert_eq!(starts(&outputs(&mut a)), [0]);
+    let targets: Vec<u32> = (0..4)
+        .map(|_| {
+            let (to, header, _) = step(&mut a);
+            a.handle(
+                T0,
+                SgpInput::ShareDelivered {
+                    to,
+                    seq: header.seq,
+                },
+            )
+            .expect("delivered");
+            to
+        })
+        .collect();
+    assert_eq!(targets, [1, 2, 4, 1]);
+    assert_eq!(a.state().weight(), 1.0 / 16.0);
+    assert_eq!(a.state().numerator(), [2.0 / 16.0, -4.0 / 16.0]);
+}
+
+#[test]
+fn shares_move_mass_exactly_and_z_is_the_weighted_average() {
+    let mut a = peer(0, 2, &[1.0, 3.0], SgpConfig::default());
+    let mut b = peer(1, 2, &[5.0, -1.0], SgpConfig::default());
+    let (to, header, payload) = step(&mut a);
+    assert_eq!(to, 1);
+    b.handle(
+        T0,
+        SgpInput::ShareReceived {
+            from: 0,
+            header,
+            payload: &payload,
+        },
+    )
+    .expect("share");
+    assert_eq!(a.state().weight() + b.state().weight(), 2.0);
+    let mut z = [0.0; 2];
+    b.debiased_into(&mut z).expect("mass");
+    // b holds (x_b + x_a / 2) / (1 + 1/2).
+    assert_eq!(z, [(5.0 + 0.5) / 1.5, (-1.0 + 1.5) / 1.5]);
+}
+
+#[test]
+fn overlap_bound_tau_gates_the_next_step_on_own_unconfirmed_shares() {
+    let tau0 = SgpConfig {
+        staleness: 0,
+        ..SgpConfig::default()
+    };
+    let mut a = peer(0, 4, &[1.0], tau0);
+    let (to, header, _) = step(&mut a);
+    assert!(
+        starts(&outputs(&mut a)).is_empty(),
+        "τ = 0 waits for delivery"
+    );
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to,
+            seq: header.seq,
+        },
+    )
+    .expect("delivered");
+    assert_eq!(starts(&outputs(&mut a)), [1]);
+
+    let mut b = peer(0, 4, &[1.0], SgpConfig::default());
+    outputs(&mut b);
+    b.handle(T0, SgpInput::LocalStepDone).expect("step 0");
+    let first = shares(&outputs(&mut b)).remove(0);
+    assert_eq!(b.steps_done(), 1);
+    assert!(b.is_computing(), "τ = 1 overlaps one step");
+    b.handle(T0, SgpInput::LocalStepDone).expect("step 1");
+    assert!(!b.is_computing(), "step 2 must wait for step 0's share");
+    // The deadline passes: the peer stops waiting and moves on.
+    let deadline = b.poll_timeout().expect("a share is in flight");
+    assert_eq!(deadline, T0 + Duration::from_millis(30_000));
+    assert_eq!(first.1.step, 0);
+    b.handle(deadline, SgpInput::Tick).expect("tick");
+    assert!(b.is_computing());
+    assert_eq!(b.stats().shares_timed_out, 2);
+}
+
+#[test]
+fn a_joiner_trains_only_once_a_share_gave_it_mass() {
+    let mut joiner = SgpPeer::joining(9u32, [0, 1], 2, SgpConfig::default()).expect("config");
+    assert!(outputs(&mut joiner).is_empty());
+    assert_eq!(joiner.debiased_into(&mut [0.0; 2]), Err(SgpError::NoMass));
+    let mut sponsor = peer(0, 2, &[4.0, 8.0], SgpConfig::default());
+    let (_, header, payload) = step(&mut sponsor);
+    joiner
+        .handle(
+            T0,
+            SgpInput::ShareReceived {
+                from: 0,
+                header,
+                payload: &payload,
+            },
+        )
+        .expect("share");
+    assert_eq!(starts(&outputs(&mut joiner)), [0]);
+    let mut z = [0.0; 2];
+    joiner.debiased_into(&mut z).expect("mass");
+    assert_eq!(z, [4.0, 8.0]);
+}
+
+#[test]
+fn a_graceful_leave_hands_all_mass_to_the_successor_and_forwards_late_shares() {
+    let mut leaver = peer(1, 3, &[3.0, 6.0], SgpConfig::default());
+    outputs(&mut leaver);
+    leaver.handle(T0, SgpInput::Leave).expect("leave");
+    let handed = shares(&outputs(&mut leaver));
+    assert_eq!(handed.len(), 1);
+    let (heir, header, _) = handed[0].clone();
+    assert_eq!(heir, 2);
+    assert_eq!(header.weight, 1.0);
+    assert_eq!(leaver.state().weight(), 0.0);
+    assert!(leaver.numerator_mut().is_none());
+
+    // A share still on its way to the leaver is passed on, whole.
+    let mut other = peer(0, 3, &[1.0, 1.0], SgpConfig::default());
+    let (_, late, payload) = step(&mut other);
+    leaver
+        .handle(
+            T0,
+            SgpInput::ShareReceived {
+                from: 0,
+                header: late,
+                payload: &payload,
+            },
+        )
+        .expect("late share");
+    let forwarded = shares(&outputs(&mut leaver));
+    assert_eq!(forwarded.len(), 1);
+    assert_eq!((forwarded[0].0, forwarded[0].1.weight), (2, late.weight));
+
+    for (to, header, _) in [handed[0].clone(), forwarded[0].clone()] {
+        assert!(!leaver.has_departed());
+        leaver
+            .handle(
+                T0,
+                SgpInput::ShareDelivered {
+                    to,
+                    seq: header.seq,
+                },
+            )
+            .expect("delivered");
+    }
+    assert_eq!(outputs(&mut leaver), [SgpOutput::Departed]);
+    assert!(leaver.has_departed());
+}
+
+#[test]
+fn a_returned_share_is_taken_back_and_its_receiver_dropped() {
+    let mut a = peer(0, 4, &[2.0], SgpConfig::default());
+    let (to, header, payload) = step(&mut a);
+    a.handle(
+        T0,
+        SgpInput::ShareReturned {
+            to,
+            header,
+            payload: &payload,
+            receiver_gone: true,
+        },
+    )
+    .expect("returned");
+    assert_eq!(a.state().weight(), 1.0);
+    assert_eq!(a.state().numerator(), [2.0]);
+    assert!(!a.view().contains(to));
+    assert_eq!(a.shares_in_flight(), 0);
+}
+
+#[test]
+fn malformed_shares_are_refused_and_change_nothing() {
+    let mut a = peer(0, 2, &[1.0, 1.0], SgpConfig::default());
+    let before = a.state().clone();
+    let header = ShareHeader {
+        seq: 0,
+        step: 0,
+        weight: 0.5,
+        reference: None,
+        codec: CodecSpec::F32,
+    };
+    let nan = [f32::NAN.to_le_bytes(), 1.0f32.to_le_bytes()].concat();
+    let cases: [(ShareHeader, Vec<u8>); 4] = [
+        (header, vec![0; 7]),
+        (header, nan),
+        (
+            ShareHeader {
+                weight: -1.0,
+                ..header
+            },
+            vec![0; 8],
+        ),
+        (
+            ShareHeader {
+                weight: f64::INFINITY,
+                ..header
+            },
+            vec![0; 8],
+        ),
+    ];
+    for (header, payload) in cases {
+        let input = SgpInput::ShareReceived {
+            from: 1,
+            header,
+            payload: &payload,
+        };
+        let error = a.handle(T0, input).expect_err("malformed share");
+        assert!(!error.returns_share(), "{error}");
+        assert_eq!(a.state(), &before);
+    }
+    assert_eq!(a.stats().shares_rejected, 4);
+}
+
+#[test]
+fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
+    let config = SgpConfig {
+        share_codec: CodecSpec::Int8 { block: 64 },
+        ..SgpConfig::default()
+    };
+    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
+    let mut a = peer(0, 2, &values, config.clone());
+    let mut b = peer(1, 2, &[0.0; 100], config.clone());
+
+    // The first share on an edge is exact and sets both ends' reference.
+    let (_, first, payload) = step(&mut a);
+    assert_eq!((first.reference, first.codec), (None, CodecSpec::F32));
+    let input = SgpInput::ShareReceived {
+        from: 0,
+        header: first,
+        payload: &payload,
+    };
+    b.handle(T0, input).expect("exact share");
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to: 1,
+            seq: first.seq,
+        },
+    )
+    .expect("delivered");
+
+    // The next is a quantized deviation from that reference.
+    outputs(&mut a);
+    let (_, second, payload) = step(&mut a);
+    assert_eq!(second.reference, Some(first.step));
+    assert_eq!(second.codec, config.share_codec);
+    assert!(payload.len() < 100 * 4 / 2);
+
+    // A peer that never saw the first share cannot use it, and says to return it.
+    let mut stranger = peer(1, 2, &[0.0; 100], config.clone());
+    let before = stranger.state().clone();
+    let input = SgpInput::ShareReceived {
+        from: 0,
+        header: second,
+        payload: &payload,
+    };
+    let error = stranger.handle(T0, input).expect_err("unknown reference");
+    assert!(error.returns_share());
+    assert_eq!(stranger.state(), &before);
+
+    // Returned, the sender takes back exactly the weight and (to rounding) the numerator.
+    let weight_before = a.state().weight();
+    let numerator_before: Vec<f32> = a.state().numerator().to_vec();
+    let input = SgpInput::ShareReturned {
+        to: 1,
+        header: second,
+        payload: &payload,
+        receiver_gone: false,
+    };
+    a.handle(T0, input).expect("returned");
+    assert_eq!(a.state().weight(), weight_before + second.weight);
+    let mut z = vec![0.0; 100];
+    a.debiased_into(&mut z).expect("mass");
+    for ((&z, &x), &v) in z.iter().zip(&numerator_before).zip(&values) {
+        assert!((z - v).abs() < 1e-5, "z {z} x {x} v {v}");
+    }
+    assert!(
+        a.view().contains(1),
+        "a refused share does not drop its receiver"
+    );
+}
