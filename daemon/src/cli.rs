@@ -15,6 +15,25 @@ pub(crate) enum Command {
     /// Measure murmur's building blocks on this machine.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Run a simulated swarm from a scenario file (see examples/sim/): prints a summary,
+    /// writes the per-round records as CSV.
+    Sim(SimArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SimArgs {
+    /// The scenario, a TOML file.
+    pub(crate) file: std::path::PathBuf,
+    /// Print the summary as one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Only check that the scenario parses and is valid; run nothing.
+    #[arg(long)]
+    pub(crate) check: bool,
+    /// Where to write the per-round CSV; default: the scenario's name with `.rounds.csv`,
+    /// in the current directory.
+    #[arg(long)]
+    pub(crate) csv: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -5,6 +5,8 @@
 
 mod bench;
 mod cli;
+mod input_error;
+mod sim;
 
 use std::process::ExitCode;
 
@@ -14,12 +16,17 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
         cli::Command::Bench(bench) => bench::run(bench),
+        cli::Command::Sim(args) => sim::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("murmur: {err:#}");
-            ExitCode::FAILURE
+            if err.downcast_ref::<input_error::BadInput>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }
