@@ -10,7 +10,9 @@
 //!   that encode into caller-provided buffers and decode-accumulate in one fused pass, plus
 //!   error feedback;
 //! - [`identity`]: ed25519 peer identities compatible with libp2p peer ids, invite
-//!   certificates signed by a swarm authority, and signed envelopes.
+//!   certificates signed by a swarm authority, and signed envelopes;
+//! - [`snapshot`]: a model's whole training state in one checksummed, compressed blob, the
+//!   form of both checkpoint files and the state a joining peer downloads.
 //!
 //! The crate is strict: every decoder checks lengths before it allocates, rejects non-finite
 //! floats, and returns a typed error that says what was wrong. No input can make it panic;
@@ -22,6 +24,7 @@ pub mod frame;
 pub mod fuzzing;
 pub mod identity;
 pub mod message;
+pub mod snapshot;
 
 mod wire;
 
