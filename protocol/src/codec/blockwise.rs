@@ -7,7 +7,8 @@
 //!
 //! Layout: `⌈n/B⌉` scales `m / L` as `f32` LE, then the elements: one `i8` each for `int8`;
 //! two per byte for `int4`, element `2j` in the low nibble of byte `j`. Blocks whose `m` is
-//! below 2⁻¹⁰⁰ encode as zeros, so that `L / m` cannot overflow.
+//! below 2⁻¹⁰⁰ encode as zeros, so that `L / m` cannot overflow, and `m` is capped at
+//! 2¹²⁷ (larger elements saturate), so that no byte a part can hold decodes to ±Inf.
 
 use super::CodecError;
 use super::finite::check_scales;
@@ -15,6 +16,9 @@ use super::kernels::{INF_BITS, abs_max_bits, first_non_finite, multiversion, rou
 
 /// Magnitudes below 2⁻¹⁰⁰ flush a block to zero.
 const FLUSH_BITS: u32 = (127 - 100) << 23;
+/// Block maxima are capped at 2¹²⁷, so that every level a part can hold (including one
+/// past the encoder's, −128 or −8) decodes to a finite value; larger elements saturate.
+const CAP_BITS: u32 = (127 + 127) << 23;
 
 /// Number of blocks covering `elements`.
 fn blocks(elements: usize, block: u32) -> usize {
@@ -28,7 +32,7 @@ fn block_scale(max_bits: u32, levels: f32) -> (f32, f32) {
     if max_bits < FLUSH_BITS {
         (0.0, 0.0)
     } else {
-        let m = f32::from_bits(max_bits);
+        let m = f32::from_bits(max_bits.min(CAP_BITS));
         (m / levels, levels / m)
     }
 }
@@ -40,10 +44,11 @@ fn error_bound(src: &[f32], block: u32, levels: f32) -> f32 {
         .map(|xs| {
             let bits = abs_max_bits(xs);
             let m = f32::from_bits(bits);
+            let cap = f32::from_bits(CAP_BITS);
             if bits < FLUSH_BITS {
                 m
             } else {
-                m / levels * 0.5 * (1.0 + 2f32.powi(-12))
+                (m - cap).max(0.0) + m.min(cap) / levels * 0.5 * (1.0 + 2f32.powi(-12))
             }
         })
         .fold(0.0, f32::max)

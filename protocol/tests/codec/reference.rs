@@ -21,6 +21,7 @@ fn reference_levels(block: &[f32], levels: f32) -> (f32, Vec<i32>) {
     if m < 2f32.powi(-100) {
         return (0.0, vec![0; block.len()]);
     }
+    let m = m.min(2f32.powi(127));
     let inv = levels / m;
     let l = levels as i32;
     (
@@ -133,4 +134,37 @@ fn half_formats_saturate() {
     let (_, bf16_out) = roundtrip(CodecSpec::Bf16, &x[4..]);
     let bf16_max = f32::from_bits(0x7f7f_0000);
     assert_eq!(bf16_out, [bf16_max, -bf16_max]);
+}
+
+/// Elements up to ±f32::MAX encode and decode to finite values within the bound: block
+/// maxima are capped at 2^127 so that even the byte -128 decodes finitely.
+#[test]
+fn blockwise_codecs_survive_the_largest_floats() {
+    let x = [
+        f32::MAX,
+        -f32::MAX,
+        3e38,
+        -1e38,
+        1.0,
+        0.0,
+        -2f32.powi(127),
+        1e30,
+    ];
+    for spec in [
+        CodecSpec::Int8 { block: 32 },
+        CodecSpec::Int4 { block: 32 },
+        CodecSpec::Sign1 { block: 32 },
+    ] {
+        let (_, decoded) = roundtrip(spec, &x);
+        let bound = murmur_protocol::codec::Codec::new(spec)
+            .unwrap()
+            .error_bound(&x);
+        for (d, v) in decoded.iter().zip(&x) {
+            assert!(d.is_finite(), "{spec}: {v} decoded to {d}");
+            assert!(
+                (d - v).abs() <= bound,
+                "{spec}: {v} decoded to {d}, bound {bound}"
+            );
+        }
+    }
 }
