@@ -222,7 +222,7 @@ fn probe(ordinal: usize) -> Result<CudaDevice, CudaUnavailable> {
 
 /// The driver's name and description of an error, e.g.
 /// `CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected`.
-fn describe(error: DriverError) -> String {
+pub(crate) fn describe(error: DriverError) -> String {
     match (error.error_name(), error.error_string()) {
         (Ok(name), Ok(text)) => format!("{}: {}", name.to_string_lossy(), text.to_string_lossy()),
         _ => format!("CUresult {:?}", error.0),
@@ -230,7 +230,7 @@ fn describe(error: DriverError) -> String {
 }
 
 /// The text of a caught panic, when it is a string.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(text) = payload.downcast_ref::<&str>() {
         (*text).to_owned()
     } else if let Some(text) = payload.downcast_ref::<String>() {

@@ -3,6 +3,8 @@
 use murmur_protocol::codec::CodecError;
 use thiserror::Error;
 
+use crate::CudaUnavailable;
+
 /// An error from a [`Backend`](crate::Backend) operation. A failed operation leaves every
 /// buffer it was given exactly as it was.
 #[derive(Debug, Clone, PartialEq, Error)]
@@ -61,5 +63,48 @@ pub enum GpuError {
         elements: usize,
         /// Bytes requested (saturating at `usize::MAX`).
         bytes: usize,
+    },
+    /// The CUDA backend was asked for on a host that cannot run it; the daemon falls back
+    /// to the CPU backend.
+    #[error("cannot use CUDA: {0}")]
+    Unavailable(#[from] CudaUnavailable),
+    /// NVRTC rejected one of murmur's kernel sources. Only a broken or unexpected NVRTC
+    /// version can cause this; the log says what it objected to.
+    #[error(
+        "NVRTC failed to compile the {source_name} kernels ({error}); install a CUDA 12 NVRTC \
+         matching the driver. Compiler log:\n{log}"
+    )]
+    KernelCompile {
+        /// Which kernel source failed, e.g. `"blockwise"`.
+        source_name: &'static str,
+        /// NVRTC's error.
+        error: String,
+        /// NVRTC's compile log.
+        log: String,
+    },
+    /// A CUDA driver call failed: out of device memory, a PTX the driver is too old to
+    /// load, or a GPU fault. Device buffers touched by the failed operation may hold
+    /// partial results.
+    #[error(
+        "{op}: the CUDA driver reported {error}; check `nvidia-smi`, free device memory, \
+         or update the driver to at least the CUDA version of NVRTC"
+    )]
+    Driver {
+        /// The operation that was asked for.
+        op: &'static str,
+        /// The driver's error name and description.
+        error: String,
+    },
+    /// The GPU's validation of a received part disagreed with the reference codec's: a
+    /// defect in murmur's kernels, never a peer's fault.
+    #[error(
+        "{op}: the GPU rejected a {codec} part that the reference codec accepts; \
+         please report this with the part that caused it"
+    )]
+    KernelMismatch {
+        /// The operation that was asked for.
+        op: &'static str,
+        /// The codec's name.
+        codec: &'static str,
     },
 }

@@ -9,11 +9,12 @@
 //!
 //! - [`CpuBackend`] works on host vectors and calls the reference codecs in
 //!   `murmur_protocol::codec` directly; it is the reference for every other backend.
-//! - The trait is shaped for a CUDA backend as well: buffers are the backend's own type
-//!   ([`Backend::Buffer`]), so device tensors stay in device memory, and only encoded bytes
-//!   cross to the host. Its results must be byte-identical to the CPU backend's, so that
-//!   CPU and GPU peers mix freely in one swarm. Until it exists, every host runs
-//!   [`CpuBackend`].
+//! - [`CudaBackend`] keeps buffers in GPU memory ([`CudaBuffer`]) and runs NVRTC-compiled
+//!   CUDA kernels ([`cuda`]); only encoded bytes cross PCIe. Its results are byte-identical
+//!   to the CPU backend's, so that CPU and GPU peers mix freely in one swarm.
+//!
+//! [`clip`] holds CenteredClip's arithmetic in the order the GPU computes it, and [`bench`](mod@bench)
+//! measures the device codecs against a device-to-device copy.
 //!
 //! [`detect`] tells the daemon whether this host could run CUDA kernels, and why not when
 //! it cannot; it never panics, whatever the host has installed.
@@ -41,11 +42,15 @@
 //! ```
 
 mod backend;
+pub mod bench;
+pub mod clip;
 mod cpu;
+pub mod cuda;
 mod device;
 mod error;
 
 pub use backend::{Backend, DeviceBuffer};
 pub use cpu::CpuBackend;
+pub use cuda::{CudaBackend, CudaBuffer};
 pub use device::{CudaDevice, CudaUnavailable, DeviceReport, detect, detect_ordinal};
 pub use error::GpuError;

@@ -6,31 +6,14 @@
 mod conformance;
 
 use conformance::{
-    Layout, any_element, any_factor, any_layout, any_spec, axpby_matches_scalar,
+    MAX_PART, any_element, any_factor, any_layout, any_spec, axpby_matches_scalar,
     axpy_matches_scalar, bad_requests_change_nothing, decode_accumulate_matches_reference,
     decode_matches_reference, encode_matches_reference, feedback_matches_reference,
-    moves_touch_only_their_range, scale_matches_scalar,
+    layout_with_source, moves_touch_only_their_range, scale_matches_scalar,
 };
 use murmur_gpu::{Backend, CpuBackend, GpuError};
 use murmur_protocol::codec::{Codec, CodecSpec};
 use proptest::prelude::*;
-
-/// Up to this many elements in a part: several SIMD widths plus remainders, and more than
-/// one block of every blockwise codec.
-const MAX_PART: usize = 600;
-
-/// A layout, a vector at least as long as its part (`sent` data for it), and an offset
-/// that places the part's length inside a second buffer `x`.
-fn layout_with_source() -> impl Strategy<Value = (Layout, Vec<f32>, usize)> {
-    any_layout(MAX_PART).prop_flat_map(|layout| {
-        let part = layout.part.len();
-        (0usize..32).prop_flat_map(move |offset| {
-            let layout = layout.clone();
-            prop::collection::vec(any_element(), part + offset + 16)
-                .prop_map(move |x| (layout.clone(), x, offset))
-        })
-    })
-}
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]

@@ -61,6 +61,23 @@ pub(crate) fn any_layout(max_part: usize) -> impl Strategy<Value = Layout> {
     })
 }
 
+/// Up to this many elements in a part: several SIMD widths plus remainders, more than one
+/// block of every blockwise codec, and more than one warp's worth on a GPU.
+pub(crate) const MAX_PART: usize = 600;
+
+/// A layout, a vector at least as long as its part (`sent` data for it), and an offset
+/// that places the part's length inside a second buffer `x`.
+pub(crate) fn layout_with_source() -> impl Strategy<Value = (Layout, Vec<f32>, usize)> {
+    any_layout(MAX_PART).prop_flat_map(|layout| {
+        let part = layout.part.len();
+        (0usize..32).prop_flat_map(move |offset| {
+            let layout = layout.clone();
+            prop::collection::vec(any_element(), part + offset + 16)
+                .prop_map(move |x| (layout.clone(), x, offset))
+        })
+    })
+}
+
 /// The bit patterns of `xs`, so that comparisons tell `-0.0` from `0.0` and NaN from NaN.
 pub(crate) fn bits(xs: &[f32]) -> Vec<u32> {
     xs.iter().map(|x| x.to_bits()).collect()
