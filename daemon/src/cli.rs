@@ -15,6 +15,9 @@ pub(crate) enum Command {
     /// Measure murmur's building blocks on this machine.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Inspect a checkpoint folder.
+    #[command(subcommand)]
+    Checkpoint(CheckpointCommand),
     /// Run a simulated swarm from a scenario file (see examples/sim/): prints a summary,
     /// writes the per-round records as CSV.
     Sim(SimArgs),
@@ -60,4 +63,17 @@ pub(crate) struct CodecsArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CheckpointCommand {
+    /// Show the newest valid checkpoint in a folder, and every newer one that is torn or
+    /// corrupt, with the reason it was skipped.
+    Show {
+        /// The checkpoint folder.
+        dir: std::path::PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
 }

@@ -4,6 +4,7 @@
 //! builds on them.
 
 mod bench;
+mod checkpoint;
 mod cli;
 mod input_error;
 mod sim;
@@ -17,6 +18,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         cli::Command::Bench(bench) => bench::run(bench),
         cli::Command::Sim(args) => sim::run(&args),
+        cli::Command::Checkpoint(command) => checkpoint::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
