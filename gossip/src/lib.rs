@@ -8,6 +8,10 @@
 //!
 //! - [`sgp`]: Stochastic Gradient Push, asynchronous push-sum averaging over a time-varying
 //!   directed exponential graph, with dynamic membership and graceful hand-off on leave.
+//! - [`butterfly`]: butterfly all-reduce in groups formed on the fly, with parts sized by
+//!   bandwidth, pipelined chunks, sender and reducer timeouts, per-round coverage reports
+//!   and optional CenteredClip at the reducers.
+//! - [`ring`]: synchronous ring all-reduce, the baseline the benchmarks compare against.
 //! - [`sim`]: a discrete-event simulator with virtual time, per-direction link bandwidth,
 //!   latency and loss, per-peer compute speed and churn schedules. Runs are seeded and
 //!   reproducible bit for bit.
@@ -16,6 +20,8 @@
 //! integers so that thousands of peers fit in one process, the network layer maps libp2p
 //! peer ids onto the same trait.
 
+pub mod butterfly;
+pub mod ring;
 pub mod sgp;
 pub mod sim;
 

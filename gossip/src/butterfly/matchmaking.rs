@@ -1,0 +1,498 @@
+//! Forming butterfly groups among peers that are ready at about the same time.
+//!
+//! # The protocol
+//!
+//! A peer that is ready for a round starts looking, with a deadline `ready + max_wait`,
+//! and says so to the swarm (the membership layer gossips it). Peers are totally ordered
+//! by `(deadline, key)`. A looking peer asks the earliest peer it knows to be looking, if
+//! that peer precedes it in the order, to take it into its group (`JoinGroup`); if it knows
+//! none, it gathers a group itself. A gathering peer — a leader — takes requests from
+//! peers that follow it in the order, and begins its group (`GroupBegin`, with members and
+//! parts) as soon as it holds `target_group` members, or `begin_margin` before its
+//! deadline if it holds at least `min_group`; otherwise it disbands the group, rejecting
+//! its followers, who look on until their own deadlines.
+//!
+//! # Why it cannot deadlock
+//!
+//! A peer waits for an answer only after asking a peer that precedes it in the order, and
+//! a peer that is itself waiting answers every request at once, by rejecting it. So every
+//! waiting edge points from a later peer to an earlier one; a cycle would need a peer to
+//! precede itself, which a total order forbids. Leaders wait for nobody, and every wait
+//! ends by a deadline: a follower waits at most until its leader's deadline, which is no
+//! later than its own, and a leader decides `begin_margin` before its deadline. Hence no
+//! peer waits past `ready + max_wait`, whatever the others do or however they fail. The
+//! same order makes peers agree on a leader without a message when their views agree, so
+//! they rarely reject one another (hivemind's matchmaking for Moshpit SGD orders peers by
+//! their expiration time in the same spirit).
+//!
+//! Followers have deadlines no earlier than their leader's, which is why a leader refuses
+//! requests from peers that precede it: keeping every request pointed down the order keeps
+//! the argument above true even when views disagree.
+
+use std::collections::VecDeque;
+
+use murmur_protocol::message::GroupRejectReason;
+
+use crate::{PeerKey, Time};
+
+use super::config::ButterflyConfig;
+use super::error::ButterflyError;
+use super::group::Group;
+use super::partition::{MemberLink, Partition, optimal_fractions};
+
+/// What a peer tells its leader about itself when it asks to join (`JoinGroup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinRequest {
+    /// The round the peer is ready for.
+    pub round: u64,
+    /// When the peer stops waiting.
+    pub deadline: Time,
+    /// Measured bandwidth in bytes per second, which sizes its part.
+    pub bandwidth_bytes_per_s: u64,
+    /// Whether other members can connect to it; one that cannot reduces no part.
+    pub accepts_connections: bool,
+    /// Samples behind its contribution.
+    pub samples: u64,
+}
+
+/// A peer's own link and contribution, as it will ask to be included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberProfile {
+    /// Measured bandwidth in bytes per second.
+    pub bandwidth_bytes_per_s: u64,
+    /// Whether other peers can open connections to it.
+    pub accepts_connections: bool,
+    /// Samples behind its contribution.
+    pub samples: u64,
+}
+
+/// What happened, as told to a [`Matchmaker`].
+#[derive(Debug, Clone)]
+pub enum MatchInput<P> {
+    /// The local peer is ready for `round`: start looking, until `now + max_wait`.
+    Ready {
+        /// The round to average.
+        round: u64,
+        /// The group id to use should this peer lead (a random number from the caller).
+        group_id: u64,
+        /// The peer's link and contribution.
+        profile: MemberProfile,
+    },
+    /// The membership layer heard that `peer` is looking for a group of `round`.
+    PeerLooking {
+        /// The peer.
+        peer: P,
+        /// The round it is ready for.
+        round: u64,
+        /// When it stops waiting.
+        deadline: Time,
+    },
+    /// The membership layer heard that `peer` stopped looking (it follows someone, began
+    /// a group, gave up, or left).
+    PeerNotLooking(P),
+    /// A `JoinGroup` arrived.
+    JoinRequest {
+        /// The requester.
+        from: P,
+        /// Its request.
+        request: JoinRequest,
+    },
+    /// A `GroupReject` arrived.
+    Rejected {
+        /// The peer that refused.
+        from: P,
+        /// The round of the refused request.
+        round: u64,
+        /// Why.
+        reason: GroupRejectReason,
+    },
+    /// A `GroupBegin` arrived.
+    GroupBegan {
+        /// Its sender, the leader.
+        from: P,
+        /// The group it announces.
+        group: Group<P>,
+    },
+    /// The time returned by [`Matchmaker::poll_timeout`] has come.
+    Tick,
+}
+
+/// What a [`Matchmaker`] asks its caller to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MatchOutput<P> {
+    /// Tell the swarm that this peer is looking for a group of `round` until `deadline`.
+    AnnounceLooking {
+        /// The round.
+        round: u64,
+        /// When this peer stops waiting.
+        deadline: Time,
+    },
+    /// Tell the swarm that this peer is no longer looking.
+    AnnounceNotLooking,
+    /// Send a `JoinGroup` to a prospective leader.
+    SendJoin {
+        /// The leader.
+        to: P,
+        /// The request.
+        request: JoinRequest,
+    },
+    /// Send a `GroupReject`.
+    SendReject {
+        /// The requester.
+        to: P,
+        /// The round it asked for.
+        round: u64,
+        /// Why.
+        reason: GroupRejectReason,
+    },
+    /// Send a `GroupBegin` to a follower.
+    SendBegin {
+        /// The follower.
+        to: P,
+        /// The group.
+        group: Group<P>,
+    },
+    /// This peer's group began: start a [`ButterflyRound`](super::ButterflyRound) in it.
+    Formed(Group<P>),
+    /// No group this round: the peer averages with nobody.
+    NoGroup,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase<P> {
+    Idle,
+    /// Looking, and gathering: requests from later peers are taken.
+    Gathering,
+    /// Waiting for `leader` to answer, until `until`.
+    Requesting {
+        leader: P,
+        until: Time,
+    },
+    /// Formed a group or gave up for this round.
+    Done,
+}
+
+/// A looking peer this one knows of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate<P> {
+    deadline: Time,
+    peer: P,
+    round: u64,
+}
+
+/// Group formation for one peer, round after round, as a sans-IO state machine.
+///
+/// See the [module docs](self) for the protocol and why it cannot deadlock.
+#[derive(Debug)]
+pub struct Matchmaker<P> {
+    me: P,
+    config: ButterflyConfig,
+    vector_len: usize,
+    phase: Phase<P>,
+    round: u64,
+    group_id: u64,
+    profile: MemberProfile,
+    deadline: Time,
+    /// Known looking peers by `(deadline, key)`, at most `max_candidates`, earliest kept.
+    candidates: Vec<Candidate<P>>,
+    followers: Vec<(P, JoinRequest)>,
+    outputs: VecDeque<MatchOutput<P>>,
+}
+
+impl<P: PeerKey> Matchmaker<P> {
+    /// A matchmaker for `me`, forming groups that average vectors of `vector_len` elements.
+    pub fn new(
+        me: P,
+        vector_len: usize,
+        config: ButterflyConfig,
+    ) -> Result<Matchmaker<P>, ButterflyError> {
+        config.validate()?;
+        Ok(Matchmaker {
+            me,
+            vector_len,
+            phase: Phase::Idle,
+            round: 0,
+            group_id: 0,
+            profile: MemberProfile {
+                bandwidth_bytes_per_s: 0,
+                accepts_connections: false,
+                samples: 0,
+            },
+            deadline: Time::ZERO,
+            candidates: Vec::with_capacity(config.max_candidates + 1),
+            followers: Vec::new(),
+            outputs: VecDeque::new(),
+            config,
+        })
+    }
+
+    /// This peer's key.
+    pub fn key(&self) -> P {
+        self.me
+    }
+
+    /// When this peer stops looking in the current round.
+    pub fn deadline(&self) -> Time {
+        self.deadline
+    }
+
+    /// Whether the peer is looking for a group (gathering or waiting for a leader).
+    pub fn is_looking(&self) -> bool {
+        matches!(self.phase, Phase::Gathering | Phase::Requesting { .. })
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<MatchOutput<P>> {
+        self.outputs.pop_front()
+    }
+
+    /// When the peer wants a [`MatchInput::Tick`]: its leader's deadline while it waits for
+    /// one, its own decision time while it gathers.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        match self.phase {
+            Phase::Gathering => Some(self.decision_time()),
+            Phase::Requesting { until, .. } => Some(until),
+            Phase::Idle | Phase::Done => None,
+        }
+    }
+
+    /// Feeds one input at time `now`.
+    pub fn handle(&mut self, now: Time, input: MatchInput<P>) {
+        match input {
+            MatchInput::Ready {
+                round,
+                group_id,
+                profile,
+            } => {
+                if self.is_looking() {
+                    self.give_up();
+                }
+                self.round = round;
+                self.group_id = group_id;
+                self.profile = profile;
+                self.deadline = now + self.config.max_wait();
+                self.followers.clear();
+                self.candidates
+                    .retain(|c| c.round == round && c.deadline > now);
+                self.start_gathering();
+            }
+            MatchInput::PeerLooking {
+                peer,
+                round,
+                deadline,
+            } => {
+                if peer != self.me {
+                    self.remember(Candidate {
+                        deadline,
+                        peer,
+                        round,
+                    });
+                }
+            }
+            MatchInput::PeerNotLooking(peer) => self.forget(peer),
+            MatchInput::JoinRequest { from, request } => self.on_join(now, from, request),
+            MatchInput::Rejected { from, round, .. } => {
+                if round == self.round
+                    && matches!(self.phase, Phase::Requesting { leader, .. } if leader == from)
+                {
+                    self.forget(from);
+                    self.start_gathering();
+                }
+            }
+            MatchInput::GroupBegan { from, group } => {
+                let waiting_for =
+                    matches!(self.phase, Phase::Requesting { leader, .. } if leader == from);
+                if waiting_for && group.round == self.round && group.index_of(self.me).is_some() {
+                    self.phase = Phase::Done;
+                    self.outputs.push_back(MatchOutput::Formed(group));
+                }
+            }
+            MatchInput::Tick => match self.phase {
+                Phase::Requesting { leader, until } if until <= now => {
+                    self.forget(leader);
+                    self.start_gathering();
+                }
+                _ => {}
+            },
+        }
+        // A request may start only while there is time for it to be answered.
+        if self.phase == Phase::Gathering {
+            if now >= self.decision_time() {
+                self.decide();
+            } else if self.followers.is_empty() {
+                self.request_earliest(now);
+            }
+        }
+    }
+
+    fn decision_time(&self) -> Time {
+        self.deadline - self.config.begin_margin()
+    }
+
+    fn start_gathering(&mut self) {
+        self.phase = Phase::Gathering;
+        self.outputs.push_back(MatchOutput::AnnounceLooking {
+            round: self.round,
+            deadline: self.deadline,
+        });
+    }
+
+    fn me_as_candidate(&self) -> Candidate<P> {
+        Candidate {
+            deadline: self.deadline,
+            peer: self.me,
+            round: self.round,
+        }
+    }
+
+    /// Asks the earliest known looking peer that precedes this one, if any.
+    fn request_earliest(&mut self, now: Time) {
+        let me = self.me_as_candidate();
+        let Some(leader) = self
+            .candidates
+            .iter()
+            .find(|c| {
+                c.round == self.round
+                    && c.deadline > now
+                    && (c.deadline, c.peer) < (me.deadline, me.peer)
+            })
+            .copied()
+        else {
+            return;
+        };
+        self.phase = Phase::Requesting {
+            leader: leader.peer,
+            until: leader.deadline,
+        };
+        self.outputs.push_back(MatchOutput::AnnounceNotLooking);
+        self.outputs.push_back(MatchOutput::SendJoin {
+            to: leader.peer,
+            request: JoinRequest {
+                round: self.round,
+                deadline: self.deadline,
+                bandwidth_bytes_per_s: self.profile.bandwidth_bytes_per_s,
+                accepts_connections: self.profile.accepts_connections,
+                samples: self.profile.samples,
+            },
+        });
+    }
+
+    fn on_join(&mut self, now: Time, from: P, request: JoinRequest) {
+        let reason = match self.phase {
+            Phase::Idle => Some(GroupRejectReason::NotGathering),
+            Phase::Done => Some(GroupRejectReason::RoundClosed),
+            Phase::Requesting { .. } => Some(GroupRejectReason::NotGathering),
+            Phase::Gathering if request.round != self.round => {
+                Some(GroupRejectReason::RoundMismatch)
+            }
+            Phase::Gathering
+                if (request.deadline, from) < (self.deadline, self.me) || from == self.me =>
+            {
+                Some(GroupRejectReason::NotGathering)
+            }
+            Phase::Gathering if now >= self.decision_time() => Some(GroupRejectReason::RoundClosed),
+            Phase::Gathering if self.followers.len() + 1 >= self.config.target_group => {
+                Some(GroupRejectReason::GroupFull)
+            }
+            Phase::Gathering => None,
+        };
+        if let Some(reason) = reason {
+            self.outputs.push_back(MatchOutput::SendReject {
+                to: from,
+                round: request.round,
+                reason,
+            });
+            return;
+        }
+        match self.followers.iter_mut().find(|(peer, _)| *peer == from) {
+            Some(entry) => entry.1 = request,
+            None => self.followers.push((from, request)),
+        }
+        if self.followers.len() + 1 >= self.config.target_group {
+            self.begin();
+        }
+    }
+
+    /// At the decision time: begin with enough members, or disband.
+    fn decide(&mut self) {
+        if self.followers.len() + 1 >= self.config.min_group {
+            self.begin();
+        } else {
+            self.disband();
+        }
+    }
+
+    fn begin(&mut self) {
+        let Some(group) = self.build_group() else {
+            self.disband();
+            return;
+        };
+        for &(follower, _) in &self.followers {
+            self.outputs.push_back(MatchOutput::SendBegin {
+                to: follower,
+                group: group.clone(),
+            });
+        }
+        self.followers.clear();
+        self.phase = Phase::Done;
+        self.outputs.push_back(MatchOutput::AnnounceNotLooking);
+        self.outputs.push_back(MatchOutput::Formed(group));
+    }
+
+    fn build_group(&self) -> Option<Group<P>> {
+        let link = |bandwidth: u64, accepts_connections| MemberLink {
+            bandwidth: bandwidth as f64,
+            accepts_connections,
+        };
+        let mut members = vec![self.me];
+        let mut links = vec![link(
+            self.profile.bandwidth_bytes_per_s,
+            self.profile.accepts_connections,
+        )];
+        for (peer, request) in &self.followers {
+            members.push(*peer);
+            links.push(link(
+                request.bandwidth_bytes_per_s,
+                request.accepts_connections,
+            ));
+        }
+        let fractions = optimal_fractions(&links).ok()?;
+        let partition = Partition::from_fractions(
+            self.vector_len,
+            &fractions,
+            self.config.chunk_elements as usize,
+        )
+        .ok()?;
+        Group::new(self.round, self.group_id, members, partition).ok()
+    }
+
+    fn disband(&mut self) {
+        for (follower, _) in std::mem::take(&mut self.followers) {
+            self.outputs.push_back(MatchOutput::SendReject {
+                to: follower,
+                round: self.round,
+                reason: GroupRejectReason::RoundClosed,
+            });
+        }
+        self.give_up();
+    }
+
+    fn give_up(&mut self) {
+        self.phase = Phase::Done;
+        self.outputs.push_back(MatchOutput::AnnounceNotLooking);
+        self.outputs.push_back(MatchOutput::NoGroup);
+    }
+
+    fn remember(&mut self, candidate: Candidate<P>) {
+        self.forget(candidate.peer);
+        let at = self.candidates.partition_point(|c| c < &candidate);
+        if at < self.config.max_candidates {
+            self.candidates.insert(at, candidate);
+            self.candidates.truncate(self.config.max_candidates);
+        }
+    }
+
+    fn forget(&mut self, peer: P) {
+        self.candidates.retain(|c| c.peer != peer);
+    }
+}

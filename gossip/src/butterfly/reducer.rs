@@ -1,0 +1,297 @@
+//! The reducer's side of a butterfly round: summing every member's copy of one part.
+
+use murmur_protocol::codec::Codec;
+
+use crate::Time;
+
+use super::clip::{ChunkRows, ClipScratch, centered_clip};
+use super::config::ClipConfig;
+use super::error::ButterflyError;
+use super::group::ChunkLayout;
+
+/// What the reducer knows about one sender of its part.
+#[derive(Debug, Clone, Copy)]
+struct Sender {
+    delivered: u32,
+    last_seen: Time,
+    dropped: bool,
+}
+
+/// Contributions kept whole for CenteredClip: `members × part` elements.
+#[derive(Debug)]
+struct ClipBuffers {
+    config: ClipConfig,
+    rows: Vec<f32>,
+    /// `members × chunks` weights.
+    weights: Vec<f32>,
+    included: Vec<usize>,
+    chunk_weights: Vec<f32>,
+    scratch: ClipScratch,
+    /// Contributions set aside as outliers, summed over chunks.
+    rejected: u64,
+}
+
+/// The running reduction of the part this member reduces.
+///
+/// Per chunk it tracks which senders delivered, how many and with what total weight; a
+/// chunk is final once every sender has either delivered it or been dropped. Without
+/// clipping it holds one weighted sum per element; with clipping, every contribution.
+#[derive(Debug)]
+pub(crate) struct Reduction {
+    layout: ChunkLayout,
+    members: usize,
+    words: usize,
+    delivered: Vec<u64>,
+    contributors: Vec<u32>,
+    weights: Vec<f64>,
+    finalized: Vec<bool>,
+    pending: usize,
+    senders: Vec<Sender>,
+    sum: Vec<f32>,
+    clip: Option<ClipBuffers>,
+}
+
+impl Reduction {
+    pub(crate) fn new(
+        layout: ChunkLayout,
+        members: usize,
+        clip: Option<ClipConfig>,
+        now: Time,
+    ) -> Reduction {
+        let chunks = layout.chunks();
+        let words = members.div_ceil(64);
+        let clip = clip.map(|config| ClipBuffers {
+            config,
+            rows: vec![0.0; members * layout.len()],
+            weights: vec![0.0; members * chunks],
+            included: Vec::with_capacity(members),
+            chunk_weights: Vec::with_capacity(members),
+            scratch: ClipScratch::default(),
+            rejected: 0,
+        });
+        Reduction {
+            sum: if clip.is_some() {
+                Vec::new()
+            } else {
+                vec![0.0; layout.len()]
+            },
+            delivered: vec![0; chunks * words],
+            contributors: vec![0; chunks],
+            weights: vec![0.0; chunks],
+            finalized: vec![false; chunks],
+            pending: chunks,
+            senders: vec![
+                Sender {
+                    delivered: 0,
+                    last_seen: now,
+                    dropped: false,
+                };
+                members
+            ],
+            layout,
+            members,
+            words,
+            clip,
+        }
+    }
+
+    /// Contributions CenteredClip set aside as outliers so far, summed over chunks.
+    pub(crate) fn contributions_rejected(&self) -> u64 {
+        self.clip.as_ref().map_or(0, |clip| clip.rejected)
+    }
+
+    pub(crate) fn layout(&self) -> &ChunkLayout {
+        &self.layout
+    }
+
+    /// Whether every chunk is final.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.pending == 0
+    }
+
+    pub(crate) fn coverage(&self, chunk: usize) -> (u32, f32) {
+        (self.contributors[chunk], self.weights[chunk] as f32)
+    }
+
+    /// Adds this member's own copy of the part, exactly.
+    pub(crate) fn add_local(&mut self, me: usize, part: &[f32], weight: f32) {
+        for chunk in 0..self.layout.chunks() {
+            let range = self.layout.local(chunk);
+            match &mut self.clip {
+                Some(clip) => {
+                    let row = me * self.layout.len();
+                    clip.rows[row + range.start..row + range.end].copy_from_slice(&part[range]);
+                    clip.weights[me * self.finalized.len() + chunk] = weight;
+                }
+                None => {
+                    for (s, x) in self.sum[range.clone()].iter_mut().zip(&part[range]) {
+                        *s += weight * x;
+                    }
+                }
+            }
+            self.mark(me, chunk, weight);
+        }
+    }
+
+    /// Decode-accumulates a sender's chunk. Returns whether it was taken: a chunk from a
+    /// dropped sender, or one already received, is ignored. On error nothing changes.
+    pub(crate) fn accept(
+        &mut self,
+        codec: &mut Codec,
+        sender: usize,
+        chunk: usize,
+        weight: f32,
+        payload: &[u8],
+        now: Time,
+    ) -> Result<bool, ButterflyError> {
+        if self.senders[sender].dropped || self.finalized[chunk] || self.has(sender, chunk) {
+            return Ok(false);
+        }
+        let range = self.layout.local(chunk);
+        match &mut self.clip {
+            Some(clip) => {
+                let row = sender * self.layout.len();
+                codec.decode_into(payload, &mut clip.rows[row + range.start..row + range.end])?;
+                clip.weights[sender * self.finalized.len() + chunk] = weight;
+            }
+            None => codec.decode_accumulate(payload, weight, &mut self.sum[range])?,
+        }
+        self.mark(sender, chunk, weight);
+        let state = &mut self.senders[sender];
+        state.last_seen = now;
+        Ok(true)
+    }
+
+    /// Stops waiting for `sender`; chunks it did deliver keep its contribution. Returns
+    /// whether it had chunks outstanding.
+    pub(crate) fn drop_sender(&mut self, sender: usize) -> bool {
+        let state = &mut self.senders[sender];
+        if state.dropped || state.delivered as usize == self.finalized.len() {
+            return false;
+        }
+        state.dropped = true;
+        true
+    }
+
+    /// When the earliest silent sender should be dropped, skipping `me`.
+    pub(crate) fn next_deadline(&self, me: usize, timeout: std::time::Duration) -> Option<Time> {
+        if self.is_complete() {
+            return None;
+        }
+        self.waited_on(me)
+            .map(|s| self.senders[s].last_seen + timeout)
+            .min()
+    }
+
+    /// Senders still owing chunks whose last chunk is older than `timeout` at `now`.
+    pub(crate) fn silent_senders(
+        &self,
+        me: usize,
+        now: Time,
+        timeout: std::time::Duration,
+    ) -> impl Iterator<Item = usize> + '_ {
+        self.waited_on(me)
+            .filter(move |&s| self.senders[s].last_seen + timeout <= now)
+    }
+
+    /// Finalises every chunk that no sender still owes, writing the averages into
+    /// `part_out` (the part's slice of the result) and appending chunk indices to `ready`.
+    pub(crate) fn finalize_ready(
+        &mut self,
+        local: &[f32],
+        part_out: &mut [f32],
+        ready: &mut Vec<u32>,
+    ) {
+        for chunk in 0..self.finalized.len() {
+            if !self.finalized[chunk] && self.owed_by_nobody(chunk) {
+                self.finalize(chunk, local, part_out);
+                ready.push(chunk as u32);
+            }
+        }
+    }
+
+    /// Finalises `chunk` if no sender still owes it; returns whether it did.
+    pub(crate) fn try_finalize(
+        &mut self,
+        chunk: usize,
+        local: &[f32],
+        part_out: &mut [f32],
+    ) -> bool {
+        if self.finalized[chunk] || !self.owed_by_nobody(chunk) {
+            return false;
+        }
+        self.finalize(chunk, local, part_out);
+        true
+    }
+
+    fn finalize(&mut self, chunk: usize, local: &[f32], part_out: &mut [f32]) {
+        let range = self.layout.local(chunk);
+        let total = self.weights[chunk];
+        let out = &mut part_out[range.clone()];
+        match &mut self.clip {
+            Some(clip) => {
+                clip.included.clear();
+                clip.chunk_weights.clear();
+                let chunks = self.finalized.len();
+                for sender in 0..self.members {
+                    let word = self.delivered[chunk * self.words + sender / 64];
+                    if word & (1 << (sender % 64)) != 0 {
+                        clip.included.push(sender);
+                    }
+                    clip.chunk_weights
+                        .push(clip.weights[sender * chunks + chunk]);
+                }
+                let rows = ChunkRows {
+                    data: &clip.rows,
+                    stride: self.layout.len(),
+                    start: range.start,
+                    len: range.len(),
+                };
+                let tau = clip.config.tau * (range.len() as f32).sqrt();
+                clip.rejected += centered_clip(
+                    rows,
+                    &clip.included,
+                    &clip.chunk_weights,
+                    tau,
+                    clip.config.iterations,
+                    clip.config.reject_factor,
+                    &mut clip.scratch,
+                    out,
+                ) as u64;
+            }
+            None if total > 0.0 => {
+                let scale = (1.0 / total) as f32;
+                for (o, s) in out.iter_mut().zip(&self.sum[range]) {
+                    *o = s * scale;
+                }
+            }
+            // Nothing with weight arrived: the part keeps this member's values.
+            None => out.copy_from_slice(&local[range]),
+        }
+        self.finalized[chunk] = true;
+        self.pending -= 1;
+    }
+
+    fn waited_on(&self, me: usize) -> impl Iterator<Item = usize> + '_ {
+        let chunks = self.finalized.len();
+        (0..self.members).filter(move |&s| {
+            let state = &self.senders[s];
+            s != me && !state.dropped && (state.delivered as usize) < chunks
+        })
+    }
+
+    fn owed_by_nobody(&self, chunk: usize) -> bool {
+        (0..self.members).all(|s| self.senders[s].dropped || self.has(s, chunk))
+    }
+
+    fn has(&self, sender: usize, chunk: usize) -> bool {
+        self.delivered[chunk * self.words + sender / 64] & (1 << (sender % 64)) != 0
+    }
+
+    fn mark(&mut self, sender: usize, chunk: usize, weight: f32) {
+        self.delivered[chunk * self.words + sender / 64] |= 1 << (sender % 64);
+        self.contributors[chunk] += 1;
+        self.weights[chunk] += f64::from(weight);
+        self.senders[sender].delivered += 1;
+    }
+}

@@ -1,0 +1,617 @@
+//! One member's butterfly all-reduce round, as a sans-IO state machine.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use murmur_protocol::codec::{Codec, CodecSpec};
+use murmur_protocol::message::ChunkAddress;
+
+use crate::{PeerKey, Time};
+
+use super::config::ButterflyConfig;
+use super::error::ButterflyError;
+use super::group::{ChunkLayout, Group};
+use super::payload::{PayloadPool, PayloadRef};
+use super::reducer::Reduction;
+use super::report::{ChunkCoverage, CoverageReport, PartCoverage, PartOutcome};
+use super::round_io::{RoundInput, RoundOutput, RoundStats};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PartState {
+    Pending,
+    Averaged,
+    LocalFallback,
+    Empty,
+}
+
+#[derive(Debug)]
+struct Part {
+    layout: ChunkLayout,
+    state: PartState,
+    received: usize,
+    last_activity: Time,
+    /// Index of the part's first chunk in the round's per-chunk tables.
+    first: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Destination {
+    in_flight: u32,
+    next_part_chunk: usize,
+    next_average: usize,
+    lost: bool,
+}
+
+/// One member's butterfly all-reduce round, as a sans-IO state machine.
+///
+/// Created when the group begins, with the member's local vector and weight. It streams
+/// the member's copy of every part to that part's reducer, reduces its own part, streams
+/// the averages back, and writes every average it receives into its result. Feed it
+/// [`RoundInput`]s with [`ButterflyRound::handle`], drain [`ButterflyRound::poll_output`],
+/// and call `handle(now, RoundInput::Tick)` at [`ButterflyRound::poll_timeout`]. See the
+/// [module docs](super) for the algorithm and its guarantees.
+#[derive(Debug)]
+pub struct ButterflyRound<P> {
+    me: usize,
+    group: Group<P>,
+    codec: Codec,
+    window: u32,
+    chunk_timeout: Duration,
+    reducer_timeout: Duration,
+    weight: f32,
+    local: Vec<f32>,
+    result: Vec<f32>,
+    parts: Vec<Part>,
+    received: Vec<bool>,
+    coverage: Vec<(u32, f32)>,
+    reduction: Reduction,
+    ready: Vec<u32>,
+    destinations: Vec<Destination>,
+    pool: PayloadPool,
+    outputs: VecDeque<RoundOutput<P>>,
+    finished: bool,
+    dropped_senders: Vec<P>,
+    stats: RoundStats,
+}
+
+impl<P: PeerKey> ButterflyRound<P> {
+    /// Starts `me`'s round in `group` at `now`, contributing `local` with `weight` (the
+    /// samples behind it), encoded with `codec`.
+    pub fn new(
+        me: P,
+        group: Group<P>,
+        local: Vec<f32>,
+        weight: f32,
+        codec: CodecSpec,
+        config: &ButterflyConfig,
+        now: Time,
+    ) -> Result<ButterflyRound<P>, ButterflyError> {
+        config.validate()?;
+        let index = group.index_of(me).ok_or(ButterflyError::InvalidGroup {
+            reason: "this peer is not a member of the group",
+        })?;
+        if local.len() != group.partition().len() {
+            return Err(ButterflyError::LengthMismatch {
+                expected: group.partition().len(),
+                got: local.len(),
+            });
+        }
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(ButterflyError::BadLocalWeight { weight });
+        }
+        if let Some(index) = local.iter().position(|x| !x.is_finite()) {
+            return Err(ButterflyError::NonFiniteLocal { index });
+        }
+        let chunk = config.chunk_elements as usize;
+        if codec
+            .block()
+            .is_some_and(|block| !chunk.is_multiple_of(block as usize))
+        {
+            return Err(ButterflyError::InvalidConfig {
+                key: "chunk_elements",
+                value: chunk.to_string(),
+                allowed: "a multiple of the codec's block size",
+            });
+        }
+        let codec = Codec::new(codec)?;
+        let mut parts = Vec::with_capacity(group.len());
+        let mut first = 0;
+        for j in 0..group.len() {
+            let layout = ChunkLayout::new(group.partition().range(j), chunk);
+            let chunks = layout.chunks();
+            parts.push(Part {
+                state: if chunks == 0 {
+                    PartState::Empty
+                } else {
+                    PartState::Pending
+                },
+                layout,
+                received: 0,
+                last_activity: now,
+                first,
+            });
+            first += chunks;
+        }
+        let mut reduction =
+            Reduction::new(parts[index].layout.clone(), group.len(), config.clip, now);
+        let own = parts[index].layout.range.clone();
+        reduction.add_local(index, &local[own], weight);
+        let mut round = ButterflyRound {
+            me: index,
+            codec,
+            window: config.chunks_in_flight,
+            chunk_timeout: config.chunk_timeout(),
+            reducer_timeout: config.reducer_timeout(),
+            weight,
+            result: local.clone(),
+            local,
+            parts,
+            received: vec![false; first],
+            coverage: vec![(0, 0.0); first],
+            reduction,
+            ready: Vec::new(),
+            destinations: vec![Destination::default(); group.len()],
+            pool: PayloadPool::default(),
+            outputs: VecDeque::new(),
+            finished: false,
+            dropped_senders: Vec::new(),
+            stats: RoundStats::default(),
+            group,
+        };
+        round.finalize_ready();
+        round.pump();
+        round.check_finished(now);
+        Ok(round)
+    }
+
+    /// The group this round averages in.
+    pub fn group(&self) -> &Group<P> {
+        &self.group
+    }
+
+    /// The codec chunks are encoded with.
+    pub fn codec_spec(&self) -> CodecSpec {
+        self.codec.spec()
+    }
+
+    /// The result so far; complete once [`RoundOutput::Finished`] was emitted.
+    pub fn result(&self) -> &[f32] {
+        &self.result
+    }
+
+    /// Whether the result is complete.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Whether nothing is left to send or in flight: the round can be dropped.
+    pub fn is_idle(&self) -> bool {
+        self.finished
+            && self
+                .destinations
+                .iter()
+                .enumerate()
+                .all(|(d, dest)| dest.in_flight == 0 && (dest.lost || !self.has_work(d)))
+    }
+
+    /// The local vector and the result, to reuse their memory for the next round.
+    pub fn into_vectors(self) -> (Vec<f32>, Vec<f32>) {
+        (self.local, self.result)
+    }
+
+    /// Round counters.
+    pub fn stats(&self) -> RoundStats {
+        RoundStats {
+            buffers_allocated: self.pool.allocated() as u64,
+            contributions_rejected: self.reduction.contributions_rejected(),
+            ..self.stats
+        }
+    }
+
+    /// The bytes of a payload named by a send output, until it is reported sent.
+    pub fn payload(&self, payload: PayloadRef) -> Option<&[u8]> {
+        self.pool.get(payload)
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<RoundOutput<P>> {
+        self.outputs.pop_front()
+    }
+
+    /// When the round wants a [`RoundInput::Tick`]: the earliest sender or reducer timeout.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        if self.finished {
+            return None;
+        }
+        let senders = self.reduction.next_deadline(self.me, self.chunk_timeout);
+        let reducers = self
+            .parts
+            .iter()
+            .enumerate()
+            .filter(|(j, part)| *j != self.me && part.state == PartState::Pending)
+            .map(|(_, part)| part.last_activity + self.reducer_timeout)
+            .min();
+        senders.into_iter().chain(reducers).min()
+    }
+
+    /// Feeds one input at time `now`. A malformed chunk is rejected with an error and
+    /// leaves the round untouched.
+    pub fn handle(&mut self, now: Time, input: RoundInput<'_, P>) -> Result<(), ButterflyError> {
+        match input {
+            RoundInput::PartChunk {
+                from,
+                address,
+                weight,
+                codec,
+                payload,
+            } => self.on_part_chunk(now, from, address, weight, codec, payload)?,
+            RoundInput::AveragedChunk {
+                from,
+                address,
+                contributors,
+                total_weight,
+                codec,
+                payload,
+            } => self.on_averaged_chunk(
+                now,
+                from,
+                address,
+                contributors,
+                total_weight,
+                codec,
+                payload,
+            )?,
+            RoundInput::Sent { to, payload } => {
+                if self.pool.release(payload)
+                    && let Some(d) = self.group.index_of(to)
+                {
+                    let dest = &mut self.destinations[d];
+                    dest.in_flight = dest.in_flight.saturating_sub(1);
+                }
+            }
+            RoundInput::MemberLost(peer) => {
+                if let Some(d) = self.group.index_of(peer).filter(|&d| d != self.me) {
+                    self.destinations[d].lost = true;
+                    self.drop_sender(d);
+                    self.fall_back(d);
+                }
+            }
+            RoundInput::Tick => {
+                let silent: Vec<usize> = self
+                    .reduction
+                    .silent_senders(self.me, now, self.chunk_timeout)
+                    .collect();
+                for sender in silent {
+                    self.drop_sender(sender);
+                }
+                for j in 0..self.parts.len() {
+                    let part = &self.parts[j];
+                    if j != self.me
+                        && part.state == PartState::Pending
+                        && part.last_activity + self.reducer_timeout <= now
+                    {
+                        self.fall_back(j);
+                    }
+                }
+            }
+        }
+        self.pump();
+        self.check_finished(now);
+        Ok(())
+    }
+
+    fn on_part_chunk(
+        &mut self,
+        now: Time,
+        from: P,
+        address: ChunkAddress,
+        weight: f32,
+        codec: CodecSpec,
+        payload: &[u8],
+    ) -> Result<(), ButterflyError> {
+        let sender = self.check_sender(from, address, codec)?;
+        if address.part as usize != self.me {
+            return Err(bad(address, "the part is not reduced by this member"));
+        }
+        if sender == self.me {
+            return Err(bad(
+                address,
+                "a member does not send its own part to itself",
+            ));
+        }
+        if !(weight.is_finite() && weight >= 0.0) {
+            return Err(ButterflyError::BadWeight { weight });
+        }
+        let chunk = self
+            .reduction
+            .layout()
+            .check(address.chunk, address.offset, address.elements)
+            .map_err(|reason| bad(address, reason))?;
+        if !self
+            .reduction
+            .accept(&mut self.codec, sender, chunk, weight, payload, now)?
+        {
+            self.stats.chunks_ignored += 1;
+            return Ok(());
+        }
+        self.stats.part_chunks_received += 1;
+        let own = self.parts[self.me].layout.range.clone();
+        if self
+            .reduction
+            .try_finalize(chunk, &self.local[own.clone()], &mut self.result[own])
+        {
+            self.ready.push(chunk as u32);
+            self.note_own_part_progress();
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)] // one per field of the wire message
+    fn on_averaged_chunk(
+        &mut self,
+        now: Time,
+        from: P,
+        address: ChunkAddress,
+        contributors: u32,
+        total_weight: f32,
+        codec: CodecSpec,
+        payload: &[u8],
+    ) -> Result<(), ButterflyError> {
+        let reducer = self.check_sender(from, address, codec)?;
+        let j = address.part as usize;
+        if j != reducer {
+            return Err(bad(
+                address,
+                "a reducer sends averages of its own part only",
+            ));
+        }
+        if j == self.me {
+            return Err(bad(address, "this member reduces that part itself"));
+        }
+        if !(total_weight.is_finite() && total_weight >= 0.0) {
+            return Err(ButterflyError::BadWeight {
+                weight: total_weight,
+            });
+        }
+        let part = &self.parts[j];
+        let chunk = part
+            .layout
+            .check(address.chunk, address.offset, address.elements)
+            .map_err(|reason| bad(address, reason))?;
+        let slot = part.first + chunk;
+        if part.state != PartState::Pending || self.received[slot] {
+            self.stats.chunks_ignored += 1;
+            return Ok(());
+        }
+        let range = part.layout.global(chunk);
+        self.codec.decode_into(payload, &mut self.result[range])?;
+        self.received[slot] = true;
+        self.coverage[slot] = (contributors, total_weight);
+        self.stats.averaged_chunks_received += 1;
+        let part = &mut self.parts[j];
+        part.received += 1;
+        part.last_activity = now;
+        if part.received == part.layout.chunks() {
+            part.state = PartState::Averaged;
+        }
+        Ok(())
+    }
+
+    /// Checks group and codec, and returns the sender's index.
+    fn check_sender(
+        &self,
+        from: P,
+        address: ChunkAddress,
+        codec: CodecSpec,
+    ) -> Result<usize, ButterflyError> {
+        if address.group_id != self.group.group_id {
+            return Err(ButterflyError::WrongGroup {
+                expected: self.group.group_id,
+                got: address.group_id,
+            });
+        }
+        let sender = self
+            .group
+            .index_of(from)
+            .ok_or_else(|| ButterflyError::NotAMember {
+                peer: format!("{from:?}"),
+            })?;
+        if codec != self.codec.spec() {
+            return Err(bad(address, "encoded with a codec other than the round's"));
+        }
+        Ok(sender)
+    }
+
+    fn drop_sender(&mut self, sender: usize) {
+        if self.parts[self.me].state == PartState::Pending && self.reduction.drop_sender(sender) {
+            self.dropped_senders.push(self.group.members()[sender]);
+            self.finalize_ready();
+        }
+    }
+
+    fn finalize_ready(&mut self) {
+        let own = self.parts[self.me].layout.range.clone();
+        self.reduction.finalize_ready(
+            &self.local[own.clone()],
+            &mut self.result[own],
+            &mut self.ready,
+        );
+        self.note_own_part_progress();
+    }
+
+    fn note_own_part_progress(&mut self) {
+        let part = &mut self.parts[self.me];
+        if part.state == PartState::Pending && self.reduction.is_complete() {
+            part.state = PartState::Averaged;
+        }
+    }
+
+    /// The reducer of part `j` fell silent: the whole part keeps local values.
+    fn fall_back(&mut self, j: usize) {
+        let part = &mut self.parts[j];
+        if j == self.me || part.state != PartState::Pending {
+            return;
+        }
+        part.state = PartState::LocalFallback;
+        let range = part.layout.range.clone();
+        self.result[range.clone()].copy_from_slice(&self.local[range]);
+    }
+
+    /// Whether destination `d` still has chunks to be sent.
+    fn has_work(&self, d: usize) -> bool {
+        let dest = &self.destinations[d];
+        d != self.me
+            && (dest.next_average < self.ready.len()
+                || (self.parts[d].state == PartState::Pending
+                    && dest.next_part_chunk < self.parts[d].layout.chunks()))
+    }
+
+    /// Hands chunks to the transport while destinations have room in their windows, one
+    /// chunk per destination per pass so that every reducer's stream starts at once.
+    /// Averages go first: other members are waiting for them to finish.
+    fn pump(&mut self) {
+        // Each pass sends at least one chunk or stops; a destination takes at most
+        // `window` chunks, so this ends after `window` passes plus one.
+        loop {
+            let mut progress = false;
+            for d in 0..self.destinations.len() {
+                if !self.destinations[d].lost
+                    && self.destinations[d].in_flight < self.window
+                    && self.has_work(d)
+                {
+                    if self.destinations[d].next_average < self.ready.len() {
+                        self.send_average(d);
+                    } else {
+                        self.send_part_chunk(d);
+                    }
+                    progress = true;
+                }
+            }
+            if !progress {
+                break;
+            }
+        }
+    }
+
+    fn send_average(&mut self, d: usize) {
+        let dest = &mut self.destinations[d];
+        let chunk = self.ready[dest.next_average] as usize;
+        dest.next_average += 1;
+        dest.in_flight += 1;
+        let layout = &self.parts[self.me].layout;
+        let range = layout.global(chunk);
+        let address = address(self.group.group_id, self.me, chunk, layout);
+        let (contributors, total_weight) = self.reduction.coverage(chunk);
+        let payload = encode(&mut self.codec, &mut self.pool, &self.result[range]);
+        self.stats.averaged_chunks_sent += 1;
+        self.outputs.push_back(RoundOutput::SendAveragedChunk {
+            to: self.group.members()[d],
+            address,
+            contributors,
+            total_weight,
+            payload,
+        });
+    }
+
+    fn send_part_chunk(&mut self, d: usize) {
+        let dest = &mut self.destinations[d];
+        let chunk = dest.next_part_chunk;
+        dest.next_part_chunk += 1;
+        dest.in_flight += 1;
+        let layout = &self.parts[d].layout;
+        let range = layout.global(chunk);
+        let address = address(self.group.group_id, d, chunk, layout);
+        let payload = encode(&mut self.codec, &mut self.pool, &self.local[range]);
+        self.stats.part_chunks_sent += 1;
+        self.outputs.push_back(RoundOutput::SendPartChunk {
+            to: self.group.members()[d],
+            address,
+            weight: self.weight,
+            payload,
+        });
+    }
+
+    fn check_finished(&mut self, now: Time) {
+        if self.finished || self.parts.iter().any(|p| p.state == PartState::Pending) {
+            return;
+        }
+        self.finished = true;
+        let report = self.report(now);
+        self.outputs.push_back(RoundOutput::Finished(report));
+    }
+
+    fn report(&self, now: Time) -> CoverageReport<P> {
+        let parts = self
+            .parts
+            .iter()
+            .enumerate()
+            .map(|(j, part)| {
+                let outcome = match part.state {
+                    PartState::Averaged | PartState::Pending => PartOutcome::Averaged,
+                    PartState::LocalFallback => PartOutcome::LocalFallback,
+                    PartState::Empty => PartOutcome::Empty,
+                };
+                let chunks = (0..part.layout.chunks())
+                    .map(|c| {
+                        let (contributors, total_weight) = match outcome {
+                            PartOutcome::LocalFallback => (1, self.weight),
+                            _ if j == self.me => self.reduction.coverage(c),
+                            _ => self.coverage[part.first + c],
+                        };
+                        ChunkCoverage {
+                            elements: part.layout.global(c),
+                            contributors,
+                            total_weight,
+                        }
+                    })
+                    .collect();
+                PartCoverage {
+                    part: j,
+                    reducer: self.group.members()[j],
+                    elements: part.layout.range.clone(),
+                    outcome,
+                    chunks,
+                }
+            })
+            .collect();
+        CoverageReport {
+            group_id: self.group.group_id,
+            finished_at: now,
+            parts,
+            dropped_senders: self.dropped_senders.clone(),
+        }
+    }
+}
+
+fn address(group_id: u64, part: usize, chunk: usize, layout: &ChunkLayout) -> ChunkAddress {
+    let local = layout.local(chunk);
+    ChunkAddress {
+        group_id,
+        part: part as u32,
+        chunk: chunk as u32,
+        offset: local.start as u64,
+        // At most `chunk_elements`, a u32.
+        elements: local.len() as u32,
+    }
+}
+
+/// Encodes `values` into a pooled buffer.
+///
+/// The local vector was checked finite when the round began, and an average of finite
+/// values weighted by finite weights is finite unless it overflows; a chunk that cannot be
+/// encoded goes out empty, which its receiver rejects as malformed and so treats as lost.
+fn encode(codec: &mut Codec, pool: &mut PayloadPool, values: &[f32]) -> PayloadRef {
+    let capacity = codec.max_encoded_len(values.len());
+    let (reference, buffer) = pool.acquire(capacity);
+    let len = codec.encode(values, buffer).unwrap_or(0);
+    pool.set_len(reference, len);
+    reference
+}
+
+fn bad(address: ChunkAddress, reason: &'static str) -> ButterflyError {
+    ButterflyError::BadChunk {
+        part: address.part,
+        chunk: address.chunk,
+        reason,
+    }
+}

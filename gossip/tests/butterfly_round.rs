@@ -1,0 +1,309 @@
+//! One butterfly round driven by hand: malformed chunks are refused without harm, send
+//! buffers are reused, and a lost member is given up at once.
+
+use std::collections::VecDeque;
+
+use murmur_gossip::Time;
+use murmur_gossip::butterfly::{
+    ButterflyConfig, ButterflyError, ButterflyRound, CoverageReport, Group, PartOutcome, Partition,
+    RoundInput, RoundOutput,
+};
+use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::message::ChunkAddress;
+
+const LEN: usize = 1000;
+const CHUNK: u32 = 64;
+
+fn config() -> ButterflyConfig {
+    ButterflyConfig {
+        chunk_elements: CHUNK,
+        chunks_in_flight: 2,
+        ..ButterflyConfig::default()
+    }
+}
+
+fn local(member: usize) -> Vec<f32> {
+    (0..LEN)
+        .map(|e| (member * 1000 + e) as f32 * 0.001)
+        .collect()
+}
+
+fn rounds(n: usize) -> Vec<ButterflyRound<u32>> {
+    let partition = Partition::equal(LEN, n, CHUNK as usize).expect("valid");
+    let group = Group::new(1, 42, (0..n as u32).collect(), partition).expect("valid");
+    (0..n)
+        .map(|i| {
+            ButterflyRound::new(
+                i as u32,
+                group.clone(),
+                local(i),
+                (i + 1) as f32,
+                CodecSpec::F32,
+                &config(),
+                Time::ZERO,
+            )
+            .expect("valid round")
+        })
+        .collect()
+}
+
+/// A wire message in flight between two rounds.
+struct Wire {
+    from: usize,
+    to: usize,
+    averaged: bool,
+    address: ChunkAddress,
+    weight: f32,
+    contributors: u32,
+    payload: Vec<u8>,
+}
+
+/// Delivers every output at once, acknowledging each send right after taking its bytes,
+/// until nothing moves. Returns how many chunks moved and the reports of the members that
+/// finished meanwhile.
+fn exchange(
+    rounds: &mut [ButterflyRound<u32>],
+    skip: Option<usize>,
+) -> (usize, Vec<Option<CoverageReport<u32>>>) {
+    let mut moved = 0;
+    let mut reports = vec![None; rounds.len()];
+    // Every chunk is sent once; the bound only stops a runaway loop.
+    for _ in 0..100_000 {
+        let mut wires = VecDeque::new();
+        for (i, round) in rounds.iter_mut().enumerate() {
+            if Some(i) == skip {
+                continue;
+            }
+            while let Some(output) = round.poll_output() {
+                let (to, wire_payload, averaged, address, weight, contributors) = match output {
+                    RoundOutput::SendPartChunk {
+                        to,
+                        address,
+                        weight,
+                        payload,
+                    } => (to, payload, false, address, weight, 0),
+                    RoundOutput::SendAveragedChunk {
+                        to,
+                        address,
+                        contributors,
+                        total_weight,
+                        payload,
+                    } => (to, payload, true, address, total_weight, contributors),
+                    RoundOutput::Finished(report) => {
+                        reports[i] = Some(report);
+                        continue;
+                    }
+                };
+                let payload = round.payload(wire_payload).expect("current").to_vec();
+                round
+                    .handle(
+                        Time::ZERO,
+                        RoundInput::Sent {
+                            to,
+                            payload: wire_payload,
+                        },
+                    )
+                    .expect("ack");
+                wires.push_back(Wire {
+                    from: i,
+                    to: to as usize,
+                    averaged,
+                    address,
+                    weight,
+                    contributors,
+                    payload,
+                });
+            }
+        }
+        if wires.is_empty() {
+            return (moved, reports);
+        }
+        for wire in wires {
+            if Some(wire.to) == skip {
+                continue;
+            }
+            moved += 1;
+            let input = if wire.averaged {
+                RoundInput::AveragedChunk {
+                    from: wire.from as u32,
+                    address: wire.address,
+                    contributors: wire.contributors,
+                    total_weight: wire.weight,
+                    codec: CodecSpec::F32,
+                    payload: &wire.payload,
+                }
+            } else {
+                RoundInput::PartChunk {
+                    from: wire.from as u32,
+                    address: wire.address,
+                    weight: wire.weight,
+                    codec: CodecSpec::F32,
+                    payload: &wire.payload,
+                }
+            };
+            rounds[wire.to]
+                .handle(Time::ZERO, input)
+                .expect("well-formed");
+        }
+    }
+    panic!("the exchange did not settle");
+}
+
+fn expected(n: usize, e: usize) -> f64 {
+    let total: f64 = (1..=n).map(|w| w as f64).sum();
+    (0..n)
+        .map(|i| (i + 1) as f64 * f64::from(local(i)[e]))
+        .sum::<f64>()
+        / total
+}
+
+/// Chunks with a wrong group, sender, part, address, codec, weight or payload length are
+/// refused with the matching error, and the round still ends with the exact weighted mean.
+#[test]
+fn malformed_chunks_are_refused_and_change_nothing() {
+    let mut rounds = rounds(3);
+    let good = ChunkAddress {
+        group_id: 42,
+        part: 0,
+        chunk: 0,
+        offset: 0,
+        elements: CHUNK,
+    };
+    let payload = vec![0u8; CHUNK as usize * 4];
+    let cases: [(u32, ChunkAddress, f32, CodecSpec, &[u8]); 8] = [
+        (
+            1,
+            ChunkAddress {
+                group_id: 41,
+                ..good
+            },
+            1.0,
+            CodecSpec::F32,
+            &payload,
+        ),
+        (9, good, 1.0, CodecSpec::F32, &payload),
+        (
+            1,
+            ChunkAddress { part: 1, ..good },
+            1.0,
+            CodecSpec::F32,
+            &payload,
+        ),
+        (
+            1,
+            ChunkAddress { chunk: 99, ..good },
+            1.0,
+            CodecSpec::F32,
+            &payload,
+        ),
+        (
+            1,
+            ChunkAddress { offset: 3, ..good },
+            1.0,
+            CodecSpec::F32,
+            &payload,
+        ),
+        (1, good, 1.0, CodecSpec::F16, &payload),
+        (1, good, -1.0, CodecSpec::F32, &payload),
+        (1, good, 1.0, CodecSpec::F32, &payload[..8]),
+    ];
+    for (from, address, weight, codec, payload) in cases {
+        let input = RoundInput::PartChunk {
+            from,
+            address,
+            weight,
+            codec,
+            payload,
+        };
+        let error = rounds[0].handle(Time::ZERO, input).expect_err("refused");
+        let expected_kind = match error {
+            ButterflyError::WrongGroup { .. } => address.group_id != 42,
+            ButterflyError::NotAMember { .. } => from == 9,
+            ButterflyError::BadChunk { .. } => true,
+            ButterflyError::BadWeight { .. } => weight < 0.0,
+            ButterflyError::Codec(_) => payload.len() == 8,
+            _ => false,
+        };
+        assert!(expected_kind, "{address:?} from {from}: unexpected {error}");
+    }
+    assert_eq!(rounds[0].stats().part_chunks_received, 0);
+    exchange(&mut rounds, None);
+    for (m, round) in rounds.iter().enumerate() {
+        assert!(round.is_finished() && round.is_idle(), "member {m}");
+        for (e, value) in round.result().iter().enumerate() {
+            assert!(
+                (f64::from(*value) - expected(3, e)).abs() < 1e-5,
+                "member {m} element {e}"
+            );
+        }
+    }
+}
+
+/// A chunk delivered twice is counted once; send buffers are reused, so a round never
+/// holds more than `chunks_in_flight` per destination however long the vector.
+#[test]
+fn duplicates_are_ignored_and_send_buffers_are_bounded() {
+    let mut rounds = rounds(4);
+    let (moved, _) = exchange(&mut rounds, None);
+    assert!(moved > 3 * 4 * 2, "{moved} chunks is too few to test reuse");
+    for round in &rounds {
+        // Each send was acknowledged before the next pass, so buffers were reused.
+        assert!(
+            round.stats().buffers_allocated <= 2 * 3,
+            "{:?}",
+            round.stats()
+        );
+    }
+    let payload = vec![0u8; CHUNK as usize * 4];
+    let input = RoundInput::PartChunk {
+        from: 1,
+        address: ChunkAddress {
+            group_id: 42,
+            part: 0,
+            chunk: 0,
+            offset: 0,
+            elements: CHUNK,
+        },
+        weight: 1.0,
+        codec: CodecSpec::F32,
+        payload: &payload,
+    };
+    let before = rounds[0].result().to_vec();
+    rounds[0]
+        .handle(Time::ZERO, input)
+        .expect("late duplicate is harmless");
+    assert_eq!(rounds[0].result(), &before[..]);
+    assert_eq!(rounds[0].stats().chunks_ignored, 1);
+}
+
+/// When the transport reports a member lost, the others stop waiting for it at once: its
+/// part keeps local values, it is dropped as a sender, and no timeout is needed.
+#[test]
+fn a_lost_member_is_given_up_without_waiting() {
+    let mut rounds = rounds(3);
+    exchange(&mut rounds, Some(2));
+    for round in rounds.iter_mut().take(2) {
+        assert!(!round.is_finished());
+        round
+            .handle(Time::ZERO, RoundInput::MemberLost(2))
+            .expect("lost member");
+    }
+    let (_, reports) = exchange(&mut rounds, Some(2));
+    for (m, round) in rounds.iter().enumerate().take(2) {
+        assert!(round.is_finished(), "member {m}");
+        let report = reports[m].as_ref().expect("finished with a report");
+        assert_eq!(report.fallback_reducers(), vec![2]);
+        assert_eq!(report.parts[2].outcome, PartOutcome::LocalFallback);
+        let part = report.parts[2].elements.clone();
+        assert_eq!(&round.result()[part.clone()], &local(m)[part]);
+        // The other parts average members 0 and 1 only.
+        let total = 3.0;
+        for e in report.parts[0].elements.clone() {
+            let mean = (f64::from(local(0)[e]) + 2.0 * f64::from(local(1)[e])) / total;
+            assert!(
+                (f64::from(round.result()[e]) - mean).abs() < 1e-5,
+                "member {m} element {e}"
+            );
+        }
+    }
+}
