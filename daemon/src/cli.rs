@@ -63,6 +63,19 @@ pub(crate) struct CodecsArgs {
     /// Print one JSON object per line instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Where the tensors live: `cpu`, or `cuda` for device memory on GPU 0 (device GB/s next
+    /// to a device-to-device copy measured in the same run).
+    #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
+    pub(crate) device: BenchDevice,
+}
+
+/// Where `bench codecs` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum BenchDevice {
+    /// One CPU thread.
+    Cpu,
+    /// The first CUDA device.
+    Cuda,
 }
 
 #[derive(Debug, Subcommand)]

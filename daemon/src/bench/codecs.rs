@@ -12,7 +12,7 @@ use rand_distr::{Distribution, StandardNormal, StudentT};
 use serde::Serialize;
 
 use super::timing::{gbps, median_time};
-use crate::cli::CodecsArgs;
+use crate::cli::{BenchDevice, CodecsArgs};
 
 /// One line of output: one codec on one kind of data.
 #[derive(Debug, Serialize)]
@@ -73,6 +73,9 @@ pub(crate) fn run(args: &CodecsArgs) -> anyhow::Result<()> {
         bail!("--elements must be at least 1");
     }
     let specs = specs(args)?;
+    if args.device == BenchDevice::Cuda {
+        return run_cuda(args, &specs);
+    }
     let n = args.elements;
     let input_bytes = n * 4;
 
@@ -171,6 +174,55 @@ fn print_rows(rows: &[CodecRow], json: bool) -> anyhow::Result<()> {
             r.mse_over_var,
             r.memcpy_gbps
         );
+    }
+    Ok(())
+}
+
+/// `--device cuda`: device-resident tensors on GPU 0, next to a device-to-device copy.
+fn run_cuda(args: &CodecsArgs, specs: &[CodecSpec]) -> anyhow::Result<()> {
+    // Detection checks for the driver library before any other CUDA call.
+    let report = murmur_gpu::detect();
+    if !report.is_cuda() {
+        bail!("--device cuda: {report}");
+    }
+    let mut backend = murmur_gpu::CudaBackend::new(0)?;
+    if !args.json {
+        println!("{report}");
+        println!(
+            "{:<12} {:>9} {:>9} {:>9} {:>8} {:>8} {:>7}",
+            "codec", "enc GB/s", "dec GB/s", "cpy GB/s", "enc/cpy", "dec/cpy", "B/elem"
+        );
+    }
+    // Top-k has no device kernels; the CPU table covers it.
+    for &spec in specs
+        .iter()
+        .filter(|s| !matches!(s, CodecSpec::TopK { .. }))
+    {
+        let t =
+            murmur_gpu::bench::codec_throughput(&mut backend, spec, args.elements, args.repeats)?;
+        let bytes_per_elem = t.encoded_bytes as f64 / t.elements as f64;
+        if args.json {
+            let row = serde_json::json!({
+                "codec": spec.name(), "spec": spec.to_string(), "block": spec.block(),
+                "device": t.device, "elements": t.elements, "encode_gbps": t.encode_gbps,
+                "decode_acc_gbps": t.decode_accumulate_gbps, "copy_gbps": t.copy_gbps,
+                "encode_over_copy": t.encode_gbps / t.copy_gbps,
+                "decode_acc_over_copy": t.decode_accumulate_gbps / t.copy_gbps,
+                "bytes_per_elem": bytes_per_elem,
+            });
+            println!("{row}");
+        } else {
+            println!(
+                "{:<12} {:>9.1} {:>9.1} {:>9.1} {:>7.0}% {:>7.0}% {:>7.3}",
+                spec.to_string(),
+                t.encode_gbps,
+                t.decode_accumulate_gbps,
+                t.copy_gbps,
+                100.0 * t.encode_gbps / t.copy_gbps,
+                100.0 * t.decode_accumulate_gbps / t.copy_gbps,
+                bytes_per_elem
+            );
+        }
     }
     Ok(())
 }
