@@ -15,12 +15,16 @@
 //! - [`sim`]: a discrete-event simulator with virtual time, per-direction link bandwidth,
 //!   latency and loss, per-peer compute speed and churn schedules. Runs are seeded and
 //!   reproducible bit for bit.
+//! - [`net`]: the libp2p shell: QUIC transport, DHT and mDNS discovery, invite-based
+//!   authorization, signed heartbeat gossip, control requests and backpressured tensor
+//!   streams, owned by one task behind a cloneable handle.
 //!
 //! Peers are named by any small copyable, ordered key ([`PeerKey`]): the simulator uses
 //! integers so that thousands of peers fit in one process, the network layer maps libp2p
 //! peer ids onto the same trait.
 
 pub mod butterfly;
+pub mod net;
 pub mod ring;
 pub mod sgp;
 pub mod sim;

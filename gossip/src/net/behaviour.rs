@@ -1,0 +1,129 @@
+//! The libp2p behaviours murmur runs, combined into one [`MurmurBehaviour`].
+//!
+//! | behaviour | protocol | why |
+//! |---|---|---|
+//! | connection limits | — | caps established and pending connections, per peer and in all |
+//! | identify | `/ipfs/id/1.0.0` | learns a peer's listen addresses for the DHT |
+//! | ping | `/ipfs/ping/1.0.0` | liveness and round-trip time |
+//! | Kademlia | `/murmur/<swarm>/kad/1.0.0` | discovery; the name keeps swarms apart |
+//! | gossipsub | topic `murmur/<swarm>/heartbeat` | signed heartbeats, validated before relay |
+//! | mDNS (optional) | — | discovery on a LAN |
+//! | request-response | `/murmur/<swarm>/control/1` | the auth hello and control messages |
+//! | libp2p-stream | `/murmur/<swarm>/tensor/1` | tensor streams, backpressured by QUIC flow control |
+//!
+//! Kademlia inserts peers into its routing table only when told: the network task adds a
+//! peer once its invite has verified, so an unauthorized peer is never handed out to others.
+
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use libp2p::swarm::NetworkBehaviour;
+use libp2p::swarm::behaviour::toggle::Toggle;
+use libp2p::{gossipsub, identify, kad, mdns, ping, request_response};
+use libp2p_connection_limits::ConnectionLimits;
+
+use super::config::ValidConfig;
+use super::control::ControlCodec;
+use super::error::NetError;
+
+/// Gossip messages are heartbeats of well under a kilobyte; anything larger is refused at the
+/// transport.
+const MAX_GOSSIP_MESSAGE: usize = 4096;
+
+/// Every behaviour of a murmur peer.
+#[derive(NetworkBehaviour)]
+pub(crate) struct MurmurBehaviour {
+    pub(crate) limits: libp2p_connection_limits::Behaviour,
+    pub(crate) identify: identify::Behaviour,
+    pub(crate) ping: ping::Behaviour,
+    pub(crate) kad: kad::Behaviour<kad::store::MemoryStore>,
+    pub(crate) gossipsub: gossipsub::Behaviour,
+    pub(crate) mdns: Toggle<mdns::tokio::Behaviour>,
+    pub(crate) control: request_response::Behaviour<ControlCodec>,
+    pub(crate) streams: libp2p_stream::Behaviour,
+}
+
+impl MurmurBehaviour {
+    /// Builds the behaviours for `key` from a validated config.
+    pub(crate) fn new(
+        key: &libp2p::identity::Keypair,
+        config: &ValidConfig,
+    ) -> Result<MurmurBehaviour, NetError> {
+        let raw = &config.raw;
+        let local = key.public().to_peer_id();
+
+        let limits = libp2p_connection_limits::Behaviour::new(
+            ConnectionLimits::default()
+                .with_max_established(Some(raw.max_connections))
+                .with_max_established_per_peer(Some(raw.max_connections_per_peer))
+                .with_max_pending_incoming(Some(raw.max_pending_incoming)),
+        );
+
+        let identify = identify::Behaviour::new(
+            identify::Config::new(config.identify_version(), key.public())
+                .with_agent_version(format!("murmur/{}", env!("CARGO_PKG_VERSION"))),
+        );
+
+        let mut kad_config = kad::Config::new(config.kad_protocol());
+        kad_config
+            .set_kbucket_inserts(kad::BucketInserts::Manual)
+            .set_periodic_bootstrap_interval(Some(ValidConfig::ms(raw.dht_refresh_interval_ms)))
+            .set_query_timeout(Duration::from_secs(30))
+            .set_record_ttl(None)
+            .set_provider_record_ttl(None);
+        if let Some(parallelism) = NonZeroUsize::new(3) {
+            kad_config.set_parallelism(parallelism);
+        }
+        let mut kad =
+            kad::Behaviour::with_config(local, kad::store::MemoryStore::new(local), kad_config);
+        // Loopback and LAN peers never confirm an external address, so the automatic mode
+        // would stay a client and answer nobody: every murmur peer serves the DHT.
+        kad.set_mode(Some(kad::Mode::Server));
+
+        let gossip_config = gossipsub::ConfigBuilder::default()
+            .heartbeat_interval(ValidConfig::ms(raw.gossip_mesh_interval_ms))
+            .validation_mode(gossipsub::ValidationMode::Strict)
+            .validate_messages()
+            .max_transmit_size(MAX_GOSSIP_MESSAGE)
+            .build()
+            .map_err(|e| NetError::Transport(format!("gossipsub config: {e}")))?;
+        let mut gossipsub = gossipsub::Behaviour::new(
+            gossipsub::MessageAuthenticity::Signed(key.clone()),
+            gossip_config,
+        )
+        .map_err(|e| NetError::Transport(format!("gossipsub: {e}")))?;
+        gossipsub
+            .subscribe(&gossipsub::IdentTopic::new(config.heartbeat_topic()))
+            .map_err(|e| NetError::Transport(format!("gossipsub subscribe: {e}")))?;
+
+        let mdns = if raw.mdns {
+            let behaviour = mdns::tokio::Behaviour::new(mdns::Config::default(), local)
+                .map_err(|e| NetError::Transport(format!("mdns: {e}")))?;
+            Some(behaviour)
+        } else {
+            None
+        };
+
+        let control = request_response::Behaviour::with_codec(
+            ControlCodec::new(config.control_limits),
+            [(
+                config.control_protocol(),
+                request_response::ProtocolSupport::Full,
+            )],
+            request_response::Config::default()
+                .with_request_timeout(ValidConfig::ms(raw.request_timeout_ms))
+                .with_max_concurrent_streams(raw.max_streams_per_connection as usize),
+        );
+
+        Ok(MurmurBehaviour {
+            limits,
+            identify,
+            ping: ping::Behaviour::default(),
+            kad,
+            gossipsub,
+            mdns: Toggle::from(mdns),
+            control,
+            streams: libp2p_stream::Behaviour::new(),
+        })
+    }
+}

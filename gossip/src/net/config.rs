@@ -1,0 +1,363 @@
+//! [`NetConfig`]: everything the network layer needs to know, as plain data.
+//!
+//! The struct is meant to be embedded in the daemon's config file (`[net]`), so it derives
+//! serde with `deny_unknown_fields` and every field has a default. Addresses and keys are
+//! kept as text here and parsed once by [`NetConfig::validate`], which names the key that
+//! is wrong.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use libp2p::{Multiaddr, StreamProtocol};
+use murmur_protocol::frame::FrameLimits;
+use murmur_protocol::identity::{PeerId, PublicKey, SwarmId};
+use serde::{Deserialize, Serialize};
+
+use super::error::NetError;
+
+/// How a peer joins the swarm's network, and every bound the network layer keeps.
+///
+/// Durations are in milliseconds, sizes in bytes. The defaults suit a swarm of tens to
+/// hundreds of peers on the internet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetConfig {
+    /// The swarm's id (see [`SwarmId`]); names the Kademlia, control and tensor protocols
+    /// and the heartbeat topic, so peers of different swarms never mix.
+    pub swarm_id: String,
+    /// The swarm authority's peer id (`12D3KooW…`): the key that signs invites.
+    pub authority: String,
+    /// This peer's invite, as issued by the authority
+    /// ([`Invite::encode`](murmur_protocol::identity::Invite::encode)). Not read from the
+    /// config file: the daemon loads it from the invite file and sets it here.
+    #[serde(skip)]
+    pub invite: Vec<u8>,
+    /// Addresses to listen on, as multiaddrs. QUIC (`/udp/<port>/quic-v1`) is the main
+    /// transport; TCP (`/tcp/<port>`, with noise and yamux) is the fallback where UDP is
+    /// blocked.
+    pub listen_addrs: Vec<String>,
+    /// Peers to dial at start, as multiaddrs ending in `/p2p/<peer id>`. One reachable
+    /// bootstrap peer is enough: the rest of the swarm is found through the DHT.
+    pub bootstrap: Vec<String>,
+    /// Discover peers on the local network with mDNS.
+    pub mdns: bool,
+    /// Most established connections, all peers together.
+    pub max_connections: u32,
+    /// Most established connections to one peer.
+    pub max_connections_per_peer: u32,
+    /// Most incoming connections still in their handshake.
+    pub max_pending_incoming: u32,
+    /// Most tensor streams one peer may have open towards this peer at once; more are
+    /// refused before any byte of them is read.
+    pub max_inbound_tensor_streams_per_peer: u32,
+    /// Most concurrent streams (all protocols) a peer may open on one QUIC connection.
+    pub max_streams_per_connection: u32,
+    /// How long a new connection may take to prove its invite before it is closed.
+    pub auth_timeout_ms: u64,
+    /// How long a control request may wait for its response.
+    pub request_timeout_ms: u64,
+    /// How long opening a tensor stream may take.
+    pub stream_open_timeout_ms: u64,
+    /// How long a tensor stream may stay silent while a frame is awaited.
+    pub tensor_read_timeout_ms: u64,
+    /// How long one frame write may wait for the receiver to make room (backpressure).
+    pub tensor_write_timeout_ms: u64,
+    /// How long a caller waits for the network task to take and answer a command.
+    pub command_timeout_ms: u64,
+    /// A connection with no open stream is closed after this long.
+    pub idle_connection_timeout_ms: u64,
+    /// How often to refresh the DHT routing table (a Kademlia bootstrap query).
+    pub dht_refresh_interval_ms: u64,
+    /// Interval of gossipsub's own heartbeat (mesh maintenance), not of murmur heartbeats.
+    pub gossip_mesh_interval_ms: u64,
+    /// Capacity of the queue of commands from handles to the network task.
+    pub command_capacity: usize,
+    /// Capacity of the broadcast of [`NetEvent`](super::NetEvent)s; a subscriber that falls
+    /// further behind loses the oldest events.
+    pub event_capacity: usize,
+    /// Capacity of the queue of accepted inbound tensor streams; streams arriving while it
+    /// is full are refused.
+    pub inbound_stream_capacity: usize,
+    /// Capacity of the queue of inbound control requests.
+    pub control_capacity: usize,
+    /// Largest tensor frame payload accepted (see [`FrameLimits`]).
+    pub max_frame_payload: u32,
+    /// Largest control frame payload accepted (control messages are small).
+    pub max_control_payload: u32,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        NetConfig {
+            swarm_id: String::new(),
+            authority: String::new(),
+            invite: Vec::new(),
+            listen_addrs: vec![
+                "/ip4/0.0.0.0/udp/0/quic-v1".to_owned(),
+                "/ip4/0.0.0.0/tcp/0".to_owned(),
+            ],
+            bootstrap: Vec::new(),
+            mdns: false,
+            max_connections: 256,
+            max_connections_per_peer: 2,
+            max_pending_incoming: 64,
+            max_inbound_tensor_streams_per_peer: 8,
+            max_streams_per_connection: 64,
+            auth_timeout_ms: 5_000,
+            request_timeout_ms: 10_000,
+            stream_open_timeout_ms: 5_000,
+            tensor_read_timeout_ms: 10_000,
+            tensor_write_timeout_ms: 10_000,
+            command_timeout_ms: 5_000,
+            idle_connection_timeout_ms: 60_000,
+            dht_refresh_interval_ms: 30_000,
+            gossip_mesh_interval_ms: 1_000,
+            command_capacity: 64,
+            event_capacity: 256,
+            inbound_stream_capacity: 16,
+            control_capacity: 64,
+            max_frame_payload: FrameLimits::DEFAULT_MAX_PAYLOAD,
+            max_control_payload: 64 * 1024,
+        }
+    }
+}
+
+/// A [`NetConfig`] whose text has been parsed and whose bounds have been checked.
+#[derive(Debug, Clone)]
+pub(crate) struct ValidConfig {
+    pub(crate) swarm: SwarmId,
+    pub(crate) authority: PublicKey,
+    pub(crate) invite: Vec<u8>,
+    pub(crate) listen_addrs: Vec<Multiaddr>,
+    pub(crate) bootstrap: Vec<Multiaddr>,
+    pub(crate) frame_limits: FrameLimits,
+    pub(crate) control_limits: FrameLimits,
+    pub(crate) raw: NetConfig,
+}
+
+impl NetConfig {
+    /// Parses the text fields and checks every bound; the error names the key at fault.
+    pub(crate) fn validate(&self) -> Result<ValidConfig, NetError> {
+        let swarm = SwarmId::new(self.swarm_id.clone())
+            .map_err(|e| config_error("net.swarm_id", e.to_string()))?;
+        let authority = PeerId::from_str(&self.authority)
+            .map_err(|e| config_error("net.authority", e.to_string()))?
+            .public_key();
+        if self.invite.is_empty() {
+            return Err(config_error(
+                "invite",
+                "no invite is set; ask the swarm organizer for one and point the config at it"
+                    .to_owned(),
+            ));
+        }
+        let listen_addrs = parse_addrs("net.listen_addrs", &self.listen_addrs)?;
+        if listen_addrs.is_empty() {
+            return Err(config_error(
+                "net.listen_addrs",
+                "at least one address is needed".to_owned(),
+            ));
+        }
+        let bootstrap = parse_addrs("net.bootstrap", &self.bootstrap)?;
+        for (key, value, min) in [
+            ("net.max_connections", u64::from(self.max_connections), 1),
+            (
+                "net.max_connections_per_peer",
+                u64::from(self.max_connections_per_peer),
+                1,
+            ),
+            (
+                "net.max_pending_incoming",
+                u64::from(self.max_pending_incoming),
+                1,
+            ),
+            (
+                "net.max_inbound_tensor_streams_per_peer",
+                u64::from(self.max_inbound_tensor_streams_per_peer),
+                1,
+            ),
+            (
+                "net.max_streams_per_connection",
+                u64::from(self.max_streams_per_connection),
+                4,
+            ),
+            ("net.auth_timeout_ms", self.auth_timeout_ms, 10),
+            ("net.request_timeout_ms", self.request_timeout_ms, 10),
+            (
+                "net.stream_open_timeout_ms",
+                self.stream_open_timeout_ms,
+                10,
+            ),
+            (
+                "net.tensor_read_timeout_ms",
+                self.tensor_read_timeout_ms,
+                10,
+            ),
+            (
+                "net.tensor_write_timeout_ms",
+                self.tensor_write_timeout_ms,
+                10,
+            ),
+            ("net.command_timeout_ms", self.command_timeout_ms, 10),
+            (
+                "net.idle_connection_timeout_ms",
+                self.idle_connection_timeout_ms,
+                100,
+            ),
+            (
+                "net.dht_refresh_interval_ms",
+                self.dht_refresh_interval_ms,
+                100,
+            ),
+            (
+                "net.gossip_mesh_interval_ms",
+                self.gossip_mesh_interval_ms,
+                10,
+            ),
+            ("net.command_capacity", self.command_capacity as u64, 1),
+            ("net.event_capacity", self.event_capacity as u64, 1),
+            (
+                "net.inbound_stream_capacity",
+                self.inbound_stream_capacity as u64,
+                1,
+            ),
+            ("net.control_capacity", self.control_capacity as u64, 1),
+        ] {
+            if value < min {
+                return Err(config_error(
+                    key,
+                    format!("is {value}; it must be at least {min}"),
+                ));
+            }
+        }
+        let frame_limits = FrameLimits::new(self.max_frame_payload)
+            .map_err(|e| config_error("net.max_frame_payload", e.to_string()))?;
+        let control_limits = FrameLimits::new(self.max_control_payload)
+            .map_err(|e| config_error("net.max_control_payload", e.to_string()))?;
+        Ok(ValidConfig {
+            swarm,
+            authority,
+            invite: self.invite.clone(),
+            listen_addrs,
+            bootstrap,
+            frame_limits,
+            control_limits,
+            raw: self.clone(),
+        })
+    }
+}
+
+impl ValidConfig {
+    /// The Kademlia protocol of this swarm: peers of other swarms do not answer it.
+    pub(crate) fn kad_protocol(&self) -> StreamProtocol {
+        self.protocol("kad/1.0.0")
+    }
+
+    /// The request-response protocol for the auth hello and control messages.
+    pub(crate) fn control_protocol(&self) -> StreamProtocol {
+        self.protocol("control/1")
+    }
+
+    /// The stream protocol tensors travel on.
+    pub(crate) fn tensor_protocol(&self) -> StreamProtocol {
+        self.protocol("tensor/1")
+    }
+
+    /// The gossipsub topic of this swarm's heartbeats.
+    pub(crate) fn heartbeat_topic(&self) -> String {
+        format!("murmur/{}/heartbeat", self.swarm)
+    }
+
+    /// The identify protocol version string.
+    pub(crate) fn identify_version(&self) -> String {
+        format!("/murmur/{}/1", self.swarm)
+    }
+
+    fn protocol(&self, tail: &str) -> StreamProtocol {
+        // A SwarmId is 1..=64 characters of [a-z0-9._-], so the name always starts with `/`
+        // and is a valid protocol name.
+        StreamProtocol::try_from_owned(format!("/murmur/{}/{tail}", self.swarm))
+            .unwrap_or_else(|_| StreamProtocol::new("/murmur/invalid/1"))
+    }
+
+    pub(crate) fn ms(value: u64) -> Duration {
+        Duration::from_millis(value)
+    }
+}
+
+fn parse_addrs(key: &'static str, addrs: &[String]) -> Result<Vec<Multiaddr>, NetError> {
+    addrs
+        .iter()
+        .map(|text| {
+            Multiaddr::from_str(text)
+                .map_err(|e| config_error(key, format!("`{text}` is not a multiaddr: {e}")))
+        })
+        .collect()
+}
+
+fn config_error(key: &'static str, reason: String) -> NetError {
+    NetError::Config { key, reason }
+}
+
+#[cfg(test)]
+mod tests {
+    use murmur_protocol::identity::Keypair;
+
+    use super::*;
+
+    fn valid() -> NetConfig {
+        NetConfig {
+            swarm_id: "demo".to_owned(),
+            authority: Keypair::from_seed([1; 32]).peer_id().to_string(),
+            invite: vec![1, 2, 3],
+            ..NetConfig::default()
+        }
+    }
+
+    fn key_of(config: &NetConfig) -> Option<&'static str> {
+        match config.validate() {
+            Err(NetError::Config { key, .. }) => Some(key),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_defaults_with_a_swarm_authority_and_invite_are_valid() {
+        let config = valid().validate().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(config.kad_protocol().as_ref(), "/murmur/demo/kad/1.0.0");
+        assert_eq!(config.tensor_protocol().as_ref(), "/murmur/demo/tensor/1");
+        assert_eq!(config.heartbeat_topic(), "murmur/demo/heartbeat");
+    }
+
+    #[test]
+    fn errors_name_the_key_at_fault() {
+        let mut c = valid();
+        c.swarm_id = "Bad Swarm".to_owned();
+        assert_eq!(key_of(&c), Some("net.swarm_id"));
+        let mut c = valid();
+        c.authority = "not-a-peer-id".to_owned();
+        assert_eq!(key_of(&c), Some("net.authority"));
+        let mut c = valid();
+        c.invite.clear();
+        assert_eq!(key_of(&c), Some("invite"));
+        let mut c = valid();
+        c.bootstrap = vec!["127.0.0.1:4000".to_owned()];
+        assert_eq!(key_of(&c), Some("net.bootstrap"));
+        let mut c = valid();
+        c.command_capacity = 0;
+        assert_eq!(key_of(&c), Some("net.command_capacity"));
+        let mut c = valid();
+        c.max_frame_payload = u32::MAX;
+        assert_eq!(key_of(&c), Some("net.max_frame_payload"));
+    }
+
+    #[test]
+    fn the_config_reads_from_text_with_defaults_and_refuses_unknown_keys() {
+        let parsed: NetConfig =
+            serde_json::from_str(r#"{"swarm_id": "demo", "mdns": true, "auth_timeout_ms": 750}"#)
+                .unwrap_or_else(|e| panic!("{e}"));
+        assert!(parsed.mdns);
+        assert_eq!(parsed.auth_timeout_ms, 750);
+        assert_eq!(parsed.max_connections, NetConfig::default().max_connections);
+        assert!(serde_json::from_str::<NetConfig>(r#"{"mdsn": true}"#).is_err());
+    }
+}

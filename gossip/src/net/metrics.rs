@@ -1,0 +1,152 @@
+//! [`NetMetrics`]: counters of what the network layer did and refused.
+//!
+//! Plain atomics, updated where the event happens and read at any time through
+//! [`NetMetrics::snapshot`]; the daemon exports them to Prometheus. Per-peer traffic is
+//! accumulated per stream and folded in once, when the stream ends, so the hot path touches
+//! only the global counters.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use murmur_protocol::identity::PeerId;
+
+/// Counters of the network layer. Shared by the network task, its handles and every stream.
+#[derive(Debug, Default)]
+pub struct NetMetrics {
+    auth_rejected: AtomicU64,
+    auth_timeouts: AtomicU64,
+    peers_authorized: AtomicU64,
+    tensor_streams_accepted: AtomicU64,
+    tensor_streams_refused_unauthorized: AtomicU64,
+    tensor_streams_refused_limit: AtomicU64,
+    bad_frames: AtomicU64,
+    gossip_rejected: AtomicU64,
+    heartbeats_received: AtomicU64,
+    tensor_bytes_sent: AtomicU64,
+    tensor_bytes_received: AtomicU64,
+    per_peer: Mutex<HashMap<PeerId, PeerTraffic>>,
+}
+
+/// A copy of every counter at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NetMetricsSnapshot {
+    /// Connections closed because the peer's invite did not verify (missing, expired, for
+    /// another swarm or peer, badly signed), or the peer refused ours.
+    pub auth_rejected: u64,
+    /// Connections closed because the peer did not prove its invite within
+    /// `net.auth_timeout_ms`.
+    pub auth_timeouts: u64,
+    /// Peers whose invite verified.
+    pub peers_authorized: u64,
+    /// Inbound tensor streams handed to the application.
+    pub tensor_streams_accepted: u64,
+    /// Inbound tensor streams dropped unread because their peer was not authorized.
+    pub tensor_streams_refused_unauthorized: u64,
+    /// Inbound tensor streams dropped unread because a limit or queue was full.
+    pub tensor_streams_refused_limit: u64,
+    /// Tensor streams closed because the peer sent a bad frame or message.
+    pub bad_frames: u64,
+    /// Gossip messages rejected (unauthorized forwarder, bad signature, bad body).
+    pub gossip_rejected: u64,
+    /// Heartbeats accepted from gossip.
+    pub heartbeats_received: u64,
+    /// Tensor frame bytes written, all peers.
+    pub tensor_bytes_sent: u64,
+    /// Tensor frame bytes read, all peers.
+    pub tensor_bytes_received: u64,
+}
+
+/// Tensor bytes exchanged with one peer, over streams that have ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerTraffic {
+    /// Bytes written to the peer.
+    pub bytes_sent: u64,
+    /// Bytes read from the peer.
+    pub bytes_received: u64,
+}
+
+impl NetMetrics {
+    /// Every counter, read now.
+    pub fn snapshot(&self) -> NetMetricsSnapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        NetMetricsSnapshot {
+            auth_rejected: get(&self.auth_rejected),
+            auth_timeouts: get(&self.auth_timeouts),
+            peers_authorized: get(&self.peers_authorized),
+            tensor_streams_accepted: get(&self.tensor_streams_accepted),
+            tensor_streams_refused_unauthorized: get(&self.tensor_streams_refused_unauthorized),
+            tensor_streams_refused_limit: get(&self.tensor_streams_refused_limit),
+            bad_frames: get(&self.bad_frames),
+            gossip_rejected: get(&self.gossip_rejected),
+            heartbeats_received: get(&self.heartbeats_received),
+            tensor_bytes_sent: get(&self.tensor_bytes_sent),
+            tensor_bytes_received: get(&self.tensor_bytes_received),
+        }
+    }
+
+    /// Tensor bytes exchanged with `peer` over streams that have ended.
+    pub fn peer_traffic(&self, peer: &PeerId) -> PeerTraffic {
+        self.lock_per_peer().get(peer).copied().unwrap_or_default()
+    }
+
+    pub(crate) fn auth_rejected(&self) {
+        self.auth_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn auth_timeout(&self) {
+        self.auth_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn peer_authorized(&self) {
+        self.peers_authorized.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_stream_accepted(&self) {
+        self.tensor_streams_accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_stream_refused_unauthorized(&self) {
+        self.tensor_streams_refused_unauthorized
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_stream_refused_limit(&self) {
+        self.tensor_streams_refused_limit
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn bad_frame(&self) {
+        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn gossip_rejected(&self) {
+        self.gossip_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat_received(&self) {
+        self.heartbeats_received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_bytes_sent(&self, bytes: u64) {
+        self.tensor_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_bytes_received(&self, bytes: u64) {
+        self.tensor_bytes_received
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Folds one ended stream's traffic into the peer's totals.
+    pub(crate) fn add_peer_traffic(&self, peer: PeerId, traffic: PeerTraffic) {
+        let mut per_peer = self.lock_per_peer();
+        let entry = per_peer.entry(peer).or_default();
+        entry.bytes_sent = entry.bytes_sent.saturating_add(traffic.bytes_sent);
+        entry.bytes_received = entry.bytes_received.saturating_add(traffic.bytes_received);
+    }
+
+    fn lock_per_peer(&self) -> std::sync::MutexGuard<'_, HashMap<PeerId, PeerTraffic>> {
+        // Counters stay meaningful even if a holder panicked mid-update.
+        self.per_peer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,279 @@
+//! The libp2p network layer: discovery, membership, authorization and tensor streams.
+//!
+//! # Design
+//!
+//! One task owns the libp2p [`Swarm`](libp2p::Swarm) ([`spawn`] starts it). Callers hold a
+//! cloneable [`NetHandle`] that talks to the task over a bounded command queue; the task
+//! answers each command on a oneshot channel. The task never awaits a peer: it reacts to
+//! swarm events, commands, inbound tensor streams and a 200 ms tick, and hands streams to
+//! the application, whose own tasks do the slow part (reading and writing tensors).
+//!
+//! The swarm runs QUIC (libp2p-quic) with TCP + noise + yamux as a fallback, identify,
+//! ping, Kademlia under `/murmur/<swarm>/kad/1.0.0`, mDNS when enabled, gossipsub on
+//! `murmur/<swarm>/heartbeat`, request-response on `/murmur/<swarm>/control/1`, and
+//! libp2p-stream on `/murmur/<swarm>/tensor/1`.
+//!
+//! # Authorization
+//!
+//! Every connection starts with an [`AuthHello`](murmur_protocol::message::AuthHello)
+//! exchange over the control protocol (see the `auth` module). Until a peer's invite has
+//! verified against the swarm authority, swarm id, the transport-authenticated peer id and
+//! the clock, its tensor streams are dropped unread, its gossip is rejected and it is kept
+//! out of the DHT. A peer that fails, or does not finish within `net.auth_timeout_ms`, is
+//! disconnected and counted in [`NetMetrics`]; so is a peer whose invite expires while it
+//! is connected.
+//!
+//! # Bounds
+//!
+//! Nothing waits without limit and nothing queues without limit:
+//!
+//! | what | bound |
+//! |---|---|
+//! | commands to the task | `net.command_capacity`; sending and answering each under `net.command_timeout_ms` |
+//! | events to subscribers | broadcast of `net.event_capacity`; laggards lose the oldest |
+//! | accepted inbound tensor streams | queue of `net.inbound_stream_capacity`; more are dropped unread |
+//! | inbound control requests | queue of `net.control_capacity`; unanswered ones expire after `net.request_timeout_ms` |
+//! | auth exchange | `net.auth_timeout_ms` from connection to verified |
+//! | opening a tensor stream | `net.auth_timeout_ms` + `net.stream_open_timeout_ms` |
+//! | each tensor read | `net.tensor_read_timeout_ms` of silence |
+//! | each tensor frame write | `net.tensor_write_timeout_ms` of backpressure |
+//! | tensor frame size | `net.max_frame_payload`, checked before allocation |
+//! | control frame size | `net.max_control_payload`, checked before allocation |
+//! | connections | `net.max_connections`, `net.max_connections_per_peer`, `net.max_pending_incoming` |
+//! | streams | `net.max_inbound_tensor_streams_per_peer`; `net.max_streams_per_connection` per QUIC connection |
+//! | gossip messages | 4 KiB |
+//! | memory per slow receiver | the QUIC stream window (10 MB) and one frame |
+//!
+//! Bad bytes from a peer close that peer's stream (or connection) with a log line and a
+//! counter; the task keeps serving everyone else.
+
+mod actor;
+mod auth;
+mod bandwidth;
+mod behaviour;
+pub mod bench;
+mod config;
+mod control;
+mod error;
+mod handle;
+mod identity;
+mod metrics;
+mod swarm_events;
+mod tensor_stream;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use libp2p::swarm::SwarmEvent;
+use libp2p::{SwarmBuilder, gossipsub, noise, tcp, yamux};
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::HeartbeatBody;
+use tokio::sync::{broadcast, mpsc};
+
+pub use bandwidth::{BandwidthEstimator, Direction, PeerBandwidth};
+pub use config::NetConfig;
+pub use control::ControlFrame;
+pub use error::NetError;
+pub use handle::{InboundControl, NetHandle, NetInbound};
+pub use identity::NetIdentity;
+pub use metrics::{NetMetrics, NetMetricsSnapshot, PeerTraffic};
+pub use tensor_stream::{TensorStreamReader, TensorStreamWriter, TransferStats};
+
+use actor::NetActor;
+use auth::Authorizer;
+use behaviour::MurmurBehaviour;
+use config::ValidConfig;
+use tensor_stream::StreamContext;
+
+/// How long [`spawn`] waits for its listeners to bind.
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Something the network layer observed, broadcast to every [`NetHandle::subscribe`]r.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NetEvent {
+    /// A peer's invite verified.
+    PeerAuthorized {
+        /// The peer.
+        peer: PeerId,
+        /// When its invite runs out (unix seconds).
+        invite_expires_at: u64,
+    },
+    /// A peer failed authorization (or its invite expired) and is being disconnected.
+    PeerRejected {
+        /// The peer.
+        peer: PeerId,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// An authorized peer's last connection closed.
+    PeerDisconnected {
+        /// The peer.
+        peer: PeerId,
+    },
+    /// A heartbeat arrived by gossip, its signature verified.
+    Heartbeat {
+        /// The peer that signed it.
+        peer: PeerId,
+        /// Its content.
+        body: HeartbeatBody,
+    },
+}
+
+/// Starts the network task on the current tokio runtime: listens on every address of the
+/// config (waiting up to 5 s for each to bind), dials the bootstrap peers, and returns the
+/// handle and the inbound queues.
+pub async fn spawn(
+    config: &NetConfig,
+    identity: NetIdentity,
+) -> Result<(NetHandle, NetInbound), NetError> {
+    let config = config.validate()?;
+    let raw = config.raw.clone();
+    let authorizer = Authorizer::new(
+        config.authority,
+        config.swarm.clone(),
+        config.control_limits,
+        identity.keypair(),
+        &config.invite,
+    )?;
+
+    let idle = ValidConfig::ms(raw.idle_connection_timeout_ms);
+    let max_streams = raw.max_streams_per_connection;
+    let behaviour = MurmurBehaviour::new(identity.libp2p(), &config)?;
+    let mut swarm = SwarmBuilder::with_existing_identity(identity.libp2p().clone())
+        .with_tokio()
+        .with_tcp(
+            tcp::Config::default().nodelay(true),
+            noise::Config::new,
+            yamux::Config::default,
+        )
+        .map_err(|e| NetError::Transport(e.to_string()))?
+        .with_quic_config(|mut quic| {
+            quic.max_concurrent_stream_limit = max_streams;
+            quic.handshake_timeout = Duration::from_secs(5);
+            quic
+        })
+        .with_behaviour(|_| behaviour)
+        .map_err(|e| NetError::Transport(e.to_string()))?
+        .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
+        .build();
+
+    let mut streams = swarm.behaviour().streams.new_control();
+    let incoming = streams
+        .accept(config.tensor_protocol())
+        .map_err(|e| NetError::Transport(format!("tensor protocol: {e}")))?;
+
+    let mut listeners = HashMap::new();
+    for addr in &config.listen_addrs {
+        let id = swarm
+            .listen_on(addr.clone())
+            .map_err(|e| NetError::Listen {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            })?;
+        listeners.insert(id, addr.clone());
+    }
+
+    let (commands_tx, commands_rx) = mpsc::channel(raw.command_capacity);
+    let (events, _) = broadcast::channel(raw.event_capacity);
+    let (streams_tx, streams_rx) = mpsc::channel(raw.inbound_stream_capacity);
+    let (control_tx, control_rx) = mpsc::channel(raw.control_capacity);
+    let ctx = StreamContext {
+        metrics: Arc::new(NetMetrics::default()),
+        bandwidth: Arc::new(BandwidthEstimator::default()),
+        frame_limits: config.frame_limits,
+        read_timeout: ValidConfig::ms(raw.tensor_read_timeout_ms),
+        write_timeout: ValidConfig::ms(raw.tensor_write_timeout_ms),
+    };
+    let topic = gossipsub::IdentTopic::new(config.heartbeat_topic()).hash();
+    let mut actor = NetActor {
+        swarm,
+        config: config.clone(),
+        authorizer,
+        topic,
+        ctx: ctx.clone(),
+        events: events.clone(),
+        inbound_streams: streams_tx,
+        inbound_control: control_tx,
+        peers: HashMap::new(),
+        waiters: HashMap::new(),
+        requests: HashMap::new(),
+        responses: HashMap::new(),
+        next_response_id: 0,
+        listen_addrs: Vec::new(),
+        anonymous_dials: HashSet::new(),
+    };
+
+    // Wait until each listener has bound, so callers can hand out our addresses at once.
+    let bound = tokio::time::timeout(LISTEN_TIMEOUT, async {
+        while !listeners.is_empty() {
+            let event = actor.swarm.select_next_some().await;
+            match &event {
+                SwarmEvent::NewListenAddr { listener_id, .. } => {
+                    listeners.remove(listener_id);
+                }
+                SwarmEvent::ListenerClosed {
+                    listener_id,
+                    reason,
+                    ..
+                } => {
+                    if let Some(addr) = listeners.remove(listener_id) {
+                        let reason = match reason {
+                            Ok(()) => "the listener closed".to_owned(),
+                            Err(e) => e.to_string(),
+                        };
+                        return Err(NetError::Listen {
+                            addr: addr.to_string(),
+                            reason,
+                        });
+                    }
+                }
+                SwarmEvent::ListenerError { listener_id, error } => {
+                    if let Some(addr) = listeners.remove(listener_id) {
+                        return Err(NetError::Listen {
+                            addr: addr.to_string(),
+                            reason: error.to_string(),
+                        });
+                    }
+                }
+                _ => {}
+            }
+            actor.on_swarm_event(event);
+        }
+        Ok(())
+    })
+    .await;
+    match bound {
+        Err(_) => {
+            return Err(NetError::Timeout {
+                what: "binding the listen addresses",
+                after: LISTEN_TIMEOUT,
+            });
+        }
+        Ok(result) => result?,
+    }
+
+    for addr in &config.bootstrap {
+        if let Err(e) = actor.dial_addr(addr.clone()) {
+            tracing::warn!(%addr, error = %e, "cannot dial bootstrap peer");
+        }
+    }
+
+    let handle = NetHandle::new(
+        Arc::clone(identity.keypair()),
+        commands_tx,
+        streams,
+        events,
+        ctx,
+        config,
+    );
+    tokio::spawn(actor.run(commands_rx, incoming));
+    Ok((
+        handle,
+        NetInbound {
+            tensor_streams: streams_rx,
+            control_requests: control_rx,
+        },
+    ))
+}

@@ -1,0 +1,389 @@
+//! How the network task reacts to what the swarm reports: connections, the auth exchange,
+//! identify, discovery and gossip.
+
+use libp2p::core::ConnectedPoint;
+use libp2p::request_response::{self, OutboundFailure};
+use libp2p::swarm::SwarmEvent;
+use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::{gossipsub, identify, kad, mdns};
+use murmur_protocol::identity::{PayloadType, PeerId, SignedEnvelope};
+use murmur_protocol::message::HeartbeatBody;
+
+use super::NetEvent;
+use super::actor::{NetActor, PeerState, Refusal, for_peer};
+use super::auth::reject_frame;
+use super::behaviour::MurmurBehaviourEvent;
+use super::control::ControlFrame;
+use super::error::NetError;
+use super::handle::{InboundControl, unix_now};
+use super::identity::{from_libp2p, to_libp2p};
+
+type ControlEvent = request_response::Event<ControlFrame, ControlFrame>;
+
+impl NetActor {
+    pub(crate) fn on_swarm_event(&mut self, event: SwarmEvent<MurmurBehaviourEvent>) {
+        match event {
+            SwarmEvent::ConnectionEstablished {
+                peer_id,
+                connection_id,
+                endpoint,
+                ..
+            } => {
+                self.anonymous_dials.remove(&connection_id);
+                self.on_connected(peer_id, &endpoint);
+            }
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                num_established: 0,
+                cause,
+                ..
+            } => self.on_disconnected(peer_id, cause.map(|c| c.to_string())),
+            SwarmEvent::NewListenAddr { address, .. } => {
+                tracing::info!(%address, "listening");
+                if !self.listen_addrs.contains(&address) {
+                    self.listen_addrs.push(address);
+                }
+            }
+            SwarmEvent::ExpiredListenAddr { address, .. } => {
+                self.listen_addrs.retain(|a| a != &address);
+            }
+            SwarmEvent::ListenerError { error, .. } => {
+                tracing::warn!(%error, "listener failed");
+            }
+            SwarmEvent::OutgoingConnectionError {
+                connection_id,
+                peer_id,
+                error,
+            } => {
+                self.anonymous_dials.remove(&connection_id);
+                tracing::debug!(peer = ?peer_id, %error, "dial failed");
+                if let Some(peer) = peer_id
+                    && !self.swarm.is_connected(&peer)
+                {
+                    let reason = error.to_string();
+                    self.fail_waiters(&peer, |id| NetError::OpenStream {
+                        peer: id,
+                        reason: format!("dial failed: {reason}"),
+                    });
+                }
+            }
+            SwarmEvent::IncomingConnectionError { error, .. } => {
+                tracing::debug!(%error, "incoming connection failed");
+            }
+            SwarmEvent::Behaviour(event) => self.on_behaviour_event(event),
+            _ => {}
+        }
+    }
+
+    fn on_connected(&mut self, peer: libp2p::PeerId, endpoint: &ConnectedPoint) {
+        let id = from_libp2p(&peer).ok();
+        let state = self.peers.entry(peer).or_insert_with(|| PeerState::new(id));
+        if let ConnectedPoint::Dialer { address, .. } = endpoint {
+            state.add_addr(address);
+        }
+        if id.is_none() {
+            // Not an ed25519 key: it cannot hold an invite.
+            self.refuse(
+                &peer,
+                Refusal::Rejected,
+                "its key is not ed25519".to_owned(),
+            );
+            return;
+        }
+        if state.hello_request.is_none() && !state.accepted_us {
+            let hello = self.authorizer.hello();
+            let request = self
+                .swarm
+                .behaviour_mut()
+                .control
+                .send_request(&peer, hello);
+            if let Some(state) = self.peers.get_mut(&peer) {
+                state.hello_request = Some(request);
+            }
+        }
+        self.add_to_dht(&peer);
+    }
+
+    fn on_disconnected(&mut self, peer: libp2p::PeerId, cause: Option<String>) {
+        let Some(state) = self.peers.remove(&peer) else {
+            return;
+        };
+        tracing::debug!(%peer, cause = ?cause, "disconnected");
+        self.fail_waiters(&peer, |id| NetError::Disconnected { peer: id });
+        if let (Some(id), Some(_)) = (state.id, state.admitted) {
+            let _ = self.events.send(NetEvent::PeerDisconnected { peer: id });
+        }
+    }
+
+    fn on_behaviour_event(&mut self, event: MurmurBehaviourEvent) {
+        match event {
+            MurmurBehaviourEvent::Control(event) => self.on_control_event(event),
+            MurmurBehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }) => {
+                if let Some(state) = self.peers.get_mut(&peer_id) {
+                    for addr in &info.listen_addrs {
+                        state.add_addr(addr);
+                    }
+                }
+                self.add_to_dht(&peer_id);
+            }
+            MurmurBehaviourEvent::Gossipsub(gossipsub::Event::Message {
+                propagation_source,
+                message_id,
+                message,
+            }) => self.on_gossip(propagation_source, message_id, message),
+            MurmurBehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
+                for (peer, addr) in found {
+                    if peer == *self.swarm.local_peer_id() || self.swarm.is_connected(&peer) {
+                        continue;
+                    }
+                    tracing::debug!(%peer, %addr, "found by mdns; dialing");
+                    let opts = DialOpts::peer_id(peer).addresses(vec![addr]).build();
+                    if let Err(e) = self.swarm.dial(opts) {
+                        tracing::debug!(%peer, error = %e, "dialing an mdns peer failed");
+                    }
+                }
+            }
+            MurmurBehaviourEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
+                tracing::debug!(%peer, "dht routing table updated");
+            }
+            _ => {}
+        }
+    }
+
+    fn on_control_event(&mut self, event: ControlEvent) {
+        match event {
+            request_response::Event::Message { peer, message, .. } => match message {
+                request_response::Message::Request {
+                    request, channel, ..
+                } => self.on_control_request(peer, request, channel),
+                request_response::Message::Response {
+                    request_id,
+                    response,
+                } => {
+                    let is_hello = self
+                        .peers
+                        .get(&peer)
+                        .is_some_and(|s| s.hello_request == Some(request_id));
+                    if is_hello {
+                        self.on_hello_answer(peer, &response);
+                    } else if let Some(reply) = self.requests.remove(&request_id) {
+                        let _ = reply.send(Ok(response));
+                    }
+                }
+            },
+            request_response::Event::OutboundFailure {
+                peer,
+                request_id,
+                error,
+                ..
+            } => {
+                let is_hello = self
+                    .peers
+                    .get(&peer)
+                    .is_some_and(|s| s.hello_request == Some(request_id));
+                if is_hello {
+                    match error {
+                        // The connection it went out on is gone: ask again on another one
+                        // if the peer is still connected (otherwise its state is gone too).
+                        OutboundFailure::ConnectionClosed | OutboundFailure::DialFailure => {
+                            if self.swarm.is_connected(&peer) {
+                                let hello = self.authorizer.hello();
+                                let retry = self
+                                    .swarm
+                                    .behaviour_mut()
+                                    .control
+                                    .send_request(&peer, hello);
+                                if let Some(state) = self.peers.get_mut(&peer) {
+                                    state.hello_request = Some(retry);
+                                }
+                            }
+                        }
+                        OutboundFailure::Timeout => self.refuse(
+                            &peer,
+                            Refusal::TimedOut,
+                            "did not answer our hello in time".to_owned(),
+                        ),
+                        other => self.refuse(
+                            &peer,
+                            Refusal::Rejected,
+                            format!("auth exchange failed: {other}"),
+                        ),
+                    }
+                } else if let Some(reply) = self.requests.remove(&request_id) {
+                    let reason = error.to_string();
+                    let _ = reply.send(Err(for_peer(&peer, |id| NetError::Request {
+                        peer: id,
+                        reason,
+                    })));
+                }
+            }
+            request_response::Event::ResponseSent { peer, .. } => {
+                if self
+                    .peers
+                    .get(&peer)
+                    .is_some_and(|s| s.refused_at.is_some())
+                {
+                    let _ = self.swarm.disconnect_peer_id(peer);
+                }
+            }
+            request_response::Event::InboundFailure { peer, error, .. } => {
+                tracing::debug!(%peer, %error, "inbound control request failed");
+            }
+        }
+    }
+
+    /// A control request: the peer's hello until it is admitted, then control messages for
+    /// the application.
+    fn on_control_request(
+        &mut self,
+        peer: libp2p::PeerId,
+        request: ControlFrame,
+        channel: request_response::ResponseChannel<ControlFrame>,
+    ) {
+        let Some(state) = self.peers.get(&peer) else {
+            return;
+        };
+        let Some(id) = state.id else {
+            return;
+        };
+        if state.refused_at.is_some() {
+            return;
+        }
+        if state.admitted.is_none() || is_hello(&request) {
+            match self.authorizer.verify(&id, request.as_bytes(), unix_now()) {
+                Ok(admitted) => {
+                    let hello = self.authorizer.hello();
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .control
+                        .send_response(channel, hello);
+                    self.admit(peer, id, admitted);
+                }
+                Err(failure) => {
+                    if let Some(frame) = reject_frame(failure.reject_code(), &failure.to_string()) {
+                        let _ = self
+                            .swarm
+                            .behaviour_mut()
+                            .control
+                            .send_response(channel, frame);
+                    }
+                    self.refuse(&peer, Refusal::Rejected, failure.to_string());
+                }
+            }
+            return;
+        }
+        let request_id = self.next_response_id;
+        self.next_response_id += 1;
+        let inbound = InboundControl {
+            peer: id,
+            id: request_id,
+            frame: request,
+        };
+        match self.inbound_control.try_send(inbound) {
+            Ok(()) => {
+                self.responses.insert(request_id, channel);
+            }
+            // Dropping the channel tells the peer at once that no answer is coming.
+            Err(_) => tracing::warn!(%peer, "control request queue full; request dropped"),
+        }
+    }
+
+    /// The peer's answer to our hello: its own hello (it accepted us) or a refusal.
+    fn on_hello_answer(&mut self, peer: libp2p::PeerId, response: &ControlFrame) {
+        let Some(state) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        state.hello_request = None;
+        let Some(id) = state.id else {
+            return;
+        };
+        match self.authorizer.verify(&id, response.as_bytes(), unix_now()) {
+            Ok(admitted) => {
+                state.accepted_us = true;
+                self.admit(peer, id, admitted);
+            }
+            Err(failure) => self.refuse(&peer, Refusal::Rejected, failure.to_string()),
+        }
+    }
+
+    fn admit(&mut self, peer: libp2p::PeerId, id: PeerId, admitted: super::auth::Admitted) {
+        let Some(state) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if state.admitted.is_none() {
+            state.admitted = Some(admitted);
+            self.ctx.metrics.peer_authorized();
+            tracing::info!(%peer, expires_at = admitted.expires_at, "peer authorized");
+            let _ = self.events.send(NetEvent::PeerAuthorized {
+                peer: id,
+                invite_expires_at: admitted.expires_at,
+            });
+            self.add_to_dht(&peer);
+        }
+        self.wake_if_ready(&peer);
+    }
+
+    /// Accepts a heartbeat only if an admitted peer forwarded it, its envelope is signed by
+    /// the peer gossipsub names as its author, and its body decodes.
+    fn on_gossip(
+        &mut self,
+        source: libp2p::PeerId,
+        message_id: gossipsub::MessageId,
+        message: gossipsub::Message,
+    ) {
+        let verdict = self.check_heartbeat(&source, &message);
+        let acceptance = match verdict {
+            Ok((peer, body)) => {
+                self.ctx.metrics.heartbeat_received();
+                let _ = self.events.send(NetEvent::Heartbeat { peer, body });
+                gossipsub::MessageAcceptance::Accept
+            }
+            Err(reason) => {
+                self.ctx.metrics.gossip_rejected();
+                tracing::warn!(%source, %reason, "gossip message rejected");
+                gossipsub::MessageAcceptance::Reject
+            }
+        };
+        self.swarm
+            .behaviour_mut()
+            .gossipsub
+            .report_message_validation_result(&message_id, &source, acceptance);
+    }
+
+    fn check_heartbeat(
+        &self,
+        source: &libp2p::PeerId,
+        message: &gossipsub::Message,
+    ) -> Result<(PeerId, HeartbeatBody), String> {
+        let forwarder_admitted = self
+            .peers
+            .get(source)
+            .is_some_and(|s| s.admitted.is_some() && s.refused_at.is_none());
+        if !forwarder_admitted {
+            return Err("forwarded by a peer that is not authorized".to_owned());
+        }
+        if message.topic != self.topic {
+            return Err(format!("unexpected topic {}", message.topic));
+        }
+        let envelope = SignedEnvelope::decode(&message.data).map_err(|e| e.to_string())?;
+        let (signer, payload) = envelope
+            .open(PayloadType::HEARTBEAT)
+            .map_err(|e| e.to_string())?;
+        if message.source != Some(to_libp2p(&signer)) {
+            return Err(format!(
+                "heartbeat signed by {signer} but published by {:?}",
+                message.source
+            ));
+        }
+        let body = HeartbeatBody::decode(payload).map_err(|e| e.to_string())?;
+        Ok((signer, body))
+    }
+}
+
+/// Whether a control frame is an auth hello (checked by kind byte; the authorizer parses it
+/// fully).
+fn is_hello(frame: &ControlFrame) -> bool {
+    use murmur_protocol::frame::FrameKind;
+    frame.as_bytes().get(5) == Some(&FrameKind::AuthHello.to_byte())
+}

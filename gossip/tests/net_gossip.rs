@@ -1,0 +1,224 @@
+//! Membership gossip and control requests between authorized peers.
+
+#[path = "net_support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use libp2p::gossipsub;
+use murmur_gossip::net::NetEvent;
+use murmur_protocol::frame::{Frame, FrameLimits};
+use murmur_protocol::identity::{Keypair, PayloadType, SignedEnvelope};
+use murmur_protocol::message::{
+    AveragingMode, HeartbeatBody, Message, Reject, RejectCode, StateSyncRequest,
+};
+use support::{Authority, InviteKind, SWARM, address_of, connect};
+
+fn body(step: u64) -> HeartbeatBody {
+    HeartbeatBody {
+        step,
+        timestamp_ms: 1_700_000_000_000 + step,
+        samples_per_s: 1234.5,
+        upload_bytes_per_s: 10_000_000,
+        download_bytes_per_s: 20_000_000,
+        mode: AveragingMode::Butterfly,
+        samples_accumulated: 4096,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_reaches_the_other_peers_with_its_signer_verified() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(2, InviteKind::Valid).await;
+    let (c, _c_in) = authority.spawn(3, InviteKind::Valid).await;
+    connect(&b, &a).await;
+    connect(&c, &a).await;
+    // b publishes; a hears it directly, c through a (or directly, once the DHT has
+    // introduced them): either way the signer, not the forwarder, is reported.
+    let mut a_events = a.subscribe();
+    let mut c_events = c.subscribe();
+
+    // Publishing fails until the other peers' subscriptions have arrived; keep trying.
+    let published = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut step = 0;
+        loop {
+            step += 1;
+            if b.publish_heartbeat(&body(step)).await.is_ok() {
+                return step;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("a heartbeat is published");
+
+    for events in [&mut a_events, &mut c_events] {
+        let heard = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Ok(NetEvent::Heartbeat { peer, body }) = events.recv().await {
+                    return (peer, body);
+                }
+            }
+        })
+        .await
+        .expect("the heartbeat arrives");
+        assert_eq!(heard, (b.local_peer_id(), body(published)));
+    }
+    for h in [&a, &c] {
+        assert!(h.metrics().snapshot().heartbeats_received >= 1);
+        assert_eq!(h.metrics().snapshot().gossip_rejected, 0);
+    }
+    for h in [a, b, c] {
+        h.shutdown().await.expect("shutdown");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_control_request_is_answered_by_the_application() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
+    let (b, mut b_in) = authority.spawn(2, InviteKind::Valid).await;
+    connect(&a, &b).await;
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !a
+            .peers()
+            .await
+            .unwrap_or_default()
+            .contains(&b.local_peer_id())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a and b authorize each other");
+
+    let request = Message::StateSyncRequest(StateSyncRequest {
+        from_offset: 64,
+        max_bytes: 4096,
+        expected_digest: [0; 32],
+    });
+    let limits = FrameLimits::default();
+    let responder = {
+        let b = b.clone();
+        async move {
+            let inbound =
+                tokio::time::timeout(Duration::from_secs(5), b_in.control_requests.recv())
+                    .await
+                    .expect("the request arrives")
+                    .expect("running");
+            let (frame, _) = Frame::parse(inbound.frame.as_bytes(), &limits).expect("frame");
+            let asked = match Message::from_frame(&frame).expect("message") {
+                Message::StateSyncRequest(r) => r.from_offset,
+                other => panic!("unexpected {other:?}"),
+            };
+            assert_eq!(asked, 64);
+            let answer = Message::Reject(Reject {
+                code: RejectCode::Unavailable,
+                text: "no snapshot yet",
+            });
+            b.respond_control(inbound.id, &answer)
+                .await
+                .expect("respond");
+            inbound.peer
+        }
+    };
+    let b_id = b.local_peer_id();
+    let (response, asker) = tokio::join!(a.send_control(&b_id, &request), responder);
+    assert_eq!(asker, a.local_peer_id());
+    let response = response.expect("answered");
+    let (frame, _) = Frame::parse(response.as_bytes(), &limits).expect("frame");
+    match Message::from_frame(&frame).expect("message") {
+        Message::Reject(r) => {
+            assert_eq!(r.code, RejectCode::Unavailable);
+            assert_eq!(r.text, "no snapshot yet");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    for h in [a, b] {
+        h.shutdown().await.expect("shutdown");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validly_signed_heartbeat_from_a_peer_without_an_invite_is_rejected() {
+    let authority = Authority::new();
+    let (good, _good_in) = authority.spawn(1, InviteKind::Valid).await;
+    let mut events = good.subscribe();
+    let good_addr: libp2p::Multiaddr = address_of(&good).await.parse().expect("multiaddr");
+
+    // A bare gossipsub node on the swarm's topic, with a key but no invite. Its heartbeat is
+    // well formed and signed by its own key: only authorization can keep it out.
+    let seed = [66u8; 32];
+    let key = libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("key");
+    let topic = gossipsub::IdentTopic::new(format!("murmur/{SWARM}/heartbeat"));
+    let mut intruder = libp2p::SwarmBuilder::with_existing_identity(key.clone())
+        .with_tokio()
+        .with_quic()
+        .with_behaviour(|key| {
+            gossipsub::Behaviour::<
+                gossipsub::IdentityTransform,
+                gossipsub::AllowAllSubscriptionFilter,
+            >::new(
+                gossipsub::MessageAuthenticity::Signed(key.clone()),
+                gossipsub::Config::default(),
+            )
+            .expect("gossipsub")
+        })
+        .expect("behaviour")
+        .build();
+    intruder
+        .behaviour_mut()
+        .subscribe(&topic)
+        .expect("subscribe");
+    intruder.dial(good_addr).expect("dial");
+    let heartbeat = body(9).to_bytes().expect("body");
+    let envelope = SignedEnvelope::seal(
+        &Keypair::from_seed(seed),
+        PayloadType::HEARTBEAT,
+        &heartbeat,
+    )
+    .expect("seal")
+    .into_bytes();
+    let published = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let libp2p::swarm::SwarmEvent::Behaviour(gossipsub::Event::Subscribed { .. }) =
+                intruder.select_next_some().await
+            {
+                return intruder
+                    .behaviour_mut()
+                    .publish(topic.clone(), envelope.clone())
+                    .is_ok();
+            }
+        }
+    })
+    .await;
+    assert_eq!(
+        published,
+        Ok(true),
+        "the intruder published before it was disconnected"
+    );
+    let driver = tokio::spawn(async move {
+        loop {
+            intruder.select_next_some().await;
+        }
+    });
+
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while good.metrics().snapshot().gossip_rejected == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the heartbeat is rejected");
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            !matches!(event, NetEvent::Heartbeat { .. }),
+            "{event:?} was delivered"
+        );
+    }
+    assert_eq!(good.metrics().snapshot().heartbeats_received, 0);
+    driver.abort();
+    good.shutdown().await.expect("shutdown");
+}
