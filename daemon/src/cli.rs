@@ -44,6 +44,24 @@ pub(crate) enum BenchCommand {
     /// Encode and decode-accumulate speed and error of every tensor codec, one thread,
     /// against memcpy measured in the same run.
     Codecs(CodecsArgs),
+    /// One libp2p tensor stream against raw quinn on loopback, in the same run.
+    Stream(StreamArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StreamArgs {
+    /// Payload MiB moved per transfer.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) mib: u64,
+    /// Payload KiB per frame (libp2p) and per write (quinn).
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) chunk_kib: usize,
+    /// Transfers per transport; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) rounds: u32,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

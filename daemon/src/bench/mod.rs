@@ -1,6 +1,7 @@
 //! `murmur bench`: measurements whose results go into BENCHMARKS.md.
 
 mod codecs;
+mod stream;
 mod timing;
 
 use crate::cli::BenchCommand;
@@ -8,5 +9,6 @@ use crate::cli::BenchCommand;
 pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Codecs(args) => codecs::run(&args),
+        BenchCommand::Stream(args) => stream::run(&args),
     }
 }

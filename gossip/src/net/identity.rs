@@ -30,6 +30,11 @@ impl NetIdentity {
         NetIdentity { keypair, libp2p }
     }
 
+    /// Both forms of `keypair`, e.g. one loaded from its key file.
+    pub fn from_keypair(keypair: &Keypair) -> NetIdentity {
+        NetIdentity::from_seed(*keypair.secret_seed())
+    }
+
     /// The murmur form, for signing heartbeats.
     pub fn keypair(&self) -> &Arc<Keypair> {
         &self.keypair
@@ -74,6 +79,8 @@ mod tests {
     #[test]
     fn both_forms_name_the_same_peer() {
         let identity = NetIdentity::from_seed([3; 32]);
+        let loaded = NetIdentity::from_keypair(&Keypair::from_seed([3; 32]));
+        assert_eq!(loaded.libp2p().public(), identity.libp2p().public());
         let ours = identity.peer_id();
         let theirs = identity.libp2p().public().to_peer_id();
         assert_eq!(to_libp2p(&ours), theirs);

@@ -70,8 +70,9 @@ impl Keypair {
         Signature(self.signing.sign(message))
     }
 
-    /// The secret seed, for writing the key file.
-    pub(super) fn secret_seed(&self) -> &[u8; SECRET_SEED_LEN] {
+    /// The secret seed. It is the whole secret: pass it only to code that builds the same
+    /// identity elsewhere (the libp2p keypair of the network layer, the key file).
+    pub fn secret_seed(&self) -> &[u8; SECRET_SEED_LEN] {
         self.signing.as_bytes()
     }
 }

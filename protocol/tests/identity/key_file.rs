@@ -148,8 +148,15 @@ fn malformed_key_files_give_specific_errors() {
     ));
     // A FIFO is refused without opening it: opening would block until a writer appears.
     let fifo = dir.path().join("fifo.key");
-    let made = std::process::Command::new("mkfifo").arg("-m").arg("600").arg(&fifo).status();
-    assert!(made.is_ok_and(|s| s.success()), "mkfifo is part of coreutils");
+    let made = std::process::Command::new("mkfifo")
+        .arg("-m")
+        .arg("600")
+        .arg(&fifo)
+        .status();
+    assert!(
+        made.is_ok_and(|s| s.success()),
+        "mkfifo is part of coreutils"
+    );
     assert!(matches!(
         Keypair::load_file(&fifo),
         Err(KeyFileError::NotAFile { .. })
