@@ -1,0 +1,123 @@
+//! Glue between the flat parameter vector and candle's autograd.
+//!
+//! Each step turns the flat slice into one candle `Var` per tensor (a copy: the model sizes
+//! murmur trains on CPU are small next to the activations), runs the forward pass, calls
+//! `backward`, and copies each tensor's gradient back into the caller's flat gradient buffer
+//! without an intermediate `Vec`.
+
+use candle_core::backprop::GradStore;
+use candle_core::{D, Device, Storage, Tensor, Var};
+
+use crate::error::TrainerError;
+use crate::layout::ParamLayout;
+
+/// The model's parameters as candle tensors, either tracked (`Var`s, for a training step) or
+/// plain (for evaluation, where no graph is recorded).
+#[derive(Debug)]
+pub(crate) struct ParamTensors {
+    tensors: Vec<Tensor>,
+}
+
+impl ParamTensors {
+    /// Copies each tensor of `params` into its own candle tensor.
+    pub(crate) fn from_flat(
+        layout: &ParamLayout,
+        params: &[f32],
+        device: &Device,
+        track: bool,
+    ) -> Result<Self, TrainerError> {
+        TrainerError::check_len("params", layout.len(), params.len())?;
+        let mut tensors = Vec::with_capacity(layout.tensors().len());
+        for spec in layout.tensors() {
+            let values = &params[spec.range()];
+            let tensor = if track {
+                Var::from_slice(values, spec.shape(), device)?.into_inner()
+            } else {
+                Tensor::from_slice(values, spec.shape(), device)?
+            };
+            tensors.push(tensor);
+        }
+        Ok(Self { tensors })
+    }
+
+    /// The tensor at `index` in layout order.
+    pub(crate) fn get(&self, index: usize) -> &Tensor {
+        &self.tensors[index]
+    }
+
+    /// Copies every tensor's gradient into `grad_out` (zeros where a tensor got none).
+    pub(crate) fn write_grads(
+        &self,
+        grads: &GradStore,
+        layout: &ParamLayout,
+        grad_out: &mut [f32],
+    ) -> Result<(), TrainerError> {
+        TrainerError::check_len("grad", layout.len(), grad_out.len())?;
+        for (spec, tensor) in layout.tensors().iter().zip(&self.tensors) {
+            let out = &mut grad_out[spec.range()];
+            match grads.get(tensor) {
+                Some(grad) => copy_to_slice(grad, out)?,
+                None => out.fill(0.0),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Copies an f32 CPU tensor into `out` (which must have its element count).
+pub(crate) fn copy_to_slice(tensor: &Tensor, out: &mut [f32]) -> Result<(), TrainerError> {
+    let tensor = tensor.contiguous()?;
+    let (storage, layout) = tensor.storage_and_layout();
+    let Storage::Cpu(cpu) = &*storage else {
+        return Err(TrainerError::BatchMismatch {
+            reason: "the trainer reads gradients from CPU tensors only".into(),
+        });
+    };
+    let values = cpu.as_slice::<f32>()?;
+    let (start, end) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| TrainerError::BatchMismatch {
+            reason: "gradient tensor is not contiguous".into(),
+        })?;
+    let values = &values[start..end];
+    TrainerError::check_len("grad tensor", out.len(), values.len())?;
+    out.copy_from_slice(values);
+    Ok(())
+}
+
+/// Mean cross-entropy of `logits` (`[n, classes]`) against `targets` (`[n]`, u32), in nats.
+pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> candle_core::Result<Tensor> {
+    let log_probs = log_softmax_last(logits)?;
+    let picked = log_probs.gather(&targets.unsqueeze(1)?, 1)?;
+    picked.mean_all()?.neg()
+}
+
+/// Log-softmax over the last dimension, shifted by the (detached) row maximum for stability.
+pub(crate) fn log_softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let shifted = x.broadcast_sub(&max)?;
+    let log_sum = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?;
+    shifted.broadcast_sub(&log_sum)
+}
+
+/// Softmax over the last dimension, shifted by the (detached) row maximum for stability.
+pub(crate) fn softmax_last(x: &Tensor) -> candle_core::Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let exp = x.broadcast_sub(&max)?.exp()?;
+    let sum = exp.sum_keepdim(D::Minus1)?;
+    exp.broadcast_div(&sum)
+}
+
+/// Layer normalisation over the last dimension (Ba et al. 2016) with gain and shift.
+pub(crate) fn layer_norm(
+    x: &Tensor,
+    gain: &Tensor,
+    shift: &Tensor,
+    eps: f64,
+) -> candle_core::Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let centered = x.broadcast_sub(&mean)?;
+    let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = centered.broadcast_div(&var.affine(1.0, eps)?.sqrt()?)?;
+    normed.broadcast_mul(gain)?.broadcast_add(shift)
+}

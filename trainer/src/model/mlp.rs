@@ -1,0 +1,171 @@
+//! A multi-layer perceptron classifier over dense feature rows.
+
+use candle_core::{Device, Tensor};
+use serde::Deserialize;
+
+use super::autograd::{ParamTensors, cross_entropy};
+use crate::batch::{Batch, BatchInputs};
+use crate::error::{ConfigError, TrainerError};
+use crate::layout::{Init, ParamLayout};
+
+/// Largest width of any layer the config accepts.
+const MAX_WIDTH: usize = 1 << 16;
+
+/// Hidden-layer non-linearity.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Activation {
+    /// max(0, x); weights start with He initialisation.
+    #[default]
+    Relu,
+    /// tanh(x); weights start with LeCun initialisation.
+    Tanh,
+    /// GELU (tanh approximation); weights start with LeCun initialisation.
+    Gelu,
+}
+
+/// The `[model]` section for `kind = "mlp"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlpConfig {
+    /// Width of each hidden layer, input side first (may be empty: logistic regression).
+    pub hidden: Vec<usize>,
+    /// Hidden-layer non-linearity.
+    #[serde(default)]
+    pub activation: Activation,
+}
+
+impl MlpConfig {
+    /// Checks every width.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.hidden.len() > 16 {
+            return Err(ConfigError::out_of_range(
+                "model.hidden",
+                format!("{} layers", self.hidden.len()),
+                "at most 16 hidden layers",
+            ));
+        }
+        for (i, &w) in self.hidden.iter().enumerate() {
+            if !(1..=MAX_WIDTH).contains(&w) {
+                return Err(ConfigError::out_of_range(
+                    format!("model.hidden[{i}]"),
+                    w,
+                    format!("1..={MAX_WIDTH}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The MLP: `features → hidden… → classes`, weights stored `[in, out]`.
+#[derive(Debug)]
+pub struct Mlp {
+    layout: ParamLayout,
+    activation: Activation,
+    features: usize,
+    classes: usize,
+    device: Device,
+}
+
+impl Mlp {
+    /// Builds the layout for `features` inputs and `classes` outputs.
+    pub(crate) fn new(
+        config: &MlpConfig,
+        features: usize,
+        classes: usize,
+    ) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let mut layout = ParamLayout::default();
+        let mut fan_in = features;
+        let widths = config
+            .hidden
+            .iter()
+            .copied()
+            .chain(std::iter::once(classes));
+        for (i, fan_out) in widths.enumerate() {
+            let gain = match config.activation {
+                Activation::Relu if i < config.hidden.len() => 2.0,
+                _ => 1.0,
+            };
+            let std = (gain / fan_in as f32).sqrt();
+            layout.push(
+                format!("layers.{i}.weight"),
+                &[fan_in, fan_out],
+                true,
+                Init::Normal { std },
+            );
+            layout.push(format!("layers.{i}.bias"), &[fan_out], false, Init::Zeros);
+            fan_in = fan_out;
+        }
+        Ok(Self {
+            layout,
+            activation: config.activation,
+            features,
+            classes,
+            device: Device::Cpu,
+        })
+    }
+
+    /// The flat-vector layout.
+    pub(crate) fn layout(&self) -> &ParamLayout {
+        &self.layout
+    }
+
+    /// Mean loss; gradient into `grad_out` when given.
+    pub(crate) fn run(
+        &self,
+        params: &[f32],
+        batch: &Batch,
+        grad_out: Option<&mut [f32]>,
+    ) -> Result<f32, TrainerError> {
+        let BatchInputs::Features { values, width } = &batch.inputs else {
+            return Err(TrainerError::BatchMismatch {
+                reason: "the MLP reads feature rows, not tokens".into(),
+            });
+        };
+        if *width != self.features || values.len() != batch.rows * width {
+            return Err(TrainerError::BatchMismatch {
+                reason: format!(
+                    "expected {} rows of {} features, got {} values of width {width}",
+                    batch.rows,
+                    self.features,
+                    values.len()
+                ),
+            });
+        }
+        if batch.rows == 0 || batch.targets.len() != batch.rows {
+            return Err(TrainerError::BatchMismatch {
+                reason: format!(
+                    "expected one target per row for {} rows, got {}",
+                    batch.rows,
+                    batch.targets.len()
+                ),
+            });
+        }
+        super::check_ids("label", &batch.targets, self.classes)?;
+        let weights =
+            ParamTensors::from_flat(&self.layout, params, &self.device, grad_out.is_some())?;
+        let mut x = Tensor::from_slice(values, (batch.rows, *width), &self.device)?;
+        let layers = self.layout.tensors().len() / 2;
+        for layer in 0..layers {
+            let w = weights.get(2 * layer);
+            let b = weights.get(2 * layer + 1);
+            x = x.matmul(w)?.broadcast_add(b)?;
+            if layer + 1 < layers {
+                x = match self.activation {
+                    Activation::Relu => x.relu()?,
+                    Activation::Tanh => x.tanh()?,
+                    Activation::Gelu => super::gelu::apply(&x)?,
+                };
+            }
+        }
+        let targets = Tensor::from_slice(&batch.targets, batch.rows, &self.device)?;
+        let loss = cross_entropy(&x, &targets)?;
+        if let Some(grad_out) = grad_out {
+            let grads = loss.backward()?;
+            weights.write_grads(&grads, &self.layout, grad_out)?;
+        }
+        Ok(loss.to_scalar::<f32>()?)
+    }
+}

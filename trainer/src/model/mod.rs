@@ -1,0 +1,173 @@
+//! The built-in models: an MLP classifier and a GPT language model.
+//!
+//! A model owns no parameters. The caller keeps them in one flat `Vec<f32>` laid out by
+//! [`Model::layout`]; every call takes that slice, builds candle tensors from it, and writes
+//! the gradient into a flat buffer of the same length.
+
+mod autograd;
+mod gelu;
+mod gpt;
+mod mlp;
+
+use serde::Deserialize;
+
+pub use gpt::{Gpt, GptConfig};
+pub use mlp::{Activation, Mlp, MlpConfig};
+
+use crate::batch::Batch;
+use crate::error::{ConfigError, TrainerError};
+use crate::layout::ParamLayout;
+
+/// The `[model]` section: which model and its dimensions.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ModelConfig {
+    /// A multi-layer perceptron over feature rows.
+    Mlp(MlpConfig),
+    /// A decoder-only transformer over token sequences.
+    Gpt(GptConfig),
+}
+
+impl ModelConfig {
+    /// Checks the section on its own.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match self {
+            ModelConfig::Mlp(c) => c.validate(),
+            ModelConfig::Gpt(c) => c.validate(),
+        }
+    }
+
+    /// The sequence length token data must be cut to (the GPT's context), if any.
+    pub fn context(&self) -> Option<usize> {
+        match self {
+            ModelConfig::Mlp(_) => None,
+            ModelConfig::Gpt(c) => Some(c.context),
+        }
+    }
+}
+
+/// What a dataset feeds a model: the dimensions the model's input and output layers need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataShape {
+    /// Feature rows with one class label each.
+    Features {
+        /// Features per row.
+        width: usize,
+        /// Number of classes.
+        classes: usize,
+    },
+    /// Token sequences with a next-token target per position.
+    Tokens {
+        /// Token ids are below this.
+        vocab: usize,
+        /// Tokens per sequence.
+        context: usize,
+    },
+}
+
+/// A built-in model, ready to compute losses and gradients on a flat parameter vector.
+#[derive(Debug)]
+pub enum Model {
+    /// The MLP classifier.
+    Mlp(Mlp),
+    /// The GPT language model.
+    Gpt(Gpt),
+}
+
+impl Model {
+    /// Builds the model `config` describes for data of shape `data`.
+    pub fn new(config: &ModelConfig, data: DataShape) -> Result<Self, ConfigError> {
+        match (config, data) {
+            (ModelConfig::Mlp(c), DataShape::Features { width, classes }) => {
+                Ok(Model::Mlp(Mlp::new(c, width, classes)?))
+            }
+            (ModelConfig::Gpt(c), DataShape::Tokens { vocab, context }) => {
+                if context != c.context {
+                    return Err(ConfigError::Incompatible {
+                        key: "model.context".into(),
+                        reason: format!("the data yields sequences of {context} tokens"),
+                    });
+                }
+                Ok(Model::Gpt(Gpt::new(c, vocab)?))
+            }
+            (ModelConfig::Mlp(_), DataShape::Tokens { .. }) => Err(ConfigError::Incompatible {
+                key: "model.kind".into(),
+                reason: "the data yields token sequences; use kind = \"gpt\"".into(),
+            }),
+            (ModelConfig::Gpt(_), DataShape::Features { .. }) => Err(ConfigError::Incompatible {
+                key: "model.kind".into(),
+                reason: "the data yields feature rows; use kind = \"mlp\"".into(),
+            }),
+        }
+    }
+
+    /// Where each named tensor lives in the flat parameter vector.
+    pub fn layout(&self) -> &ParamLayout {
+        match self {
+            Model::Mlp(m) => m.layout(),
+            Model::Gpt(m) => m.layout(),
+        }
+    }
+
+    /// Number of parameters (the flat vector's length).
+    pub fn param_count(&self) -> usize {
+        self.layout().len()
+    }
+
+    /// Initial parameters, identical on every peer given the same swarm seed.
+    pub fn init(&self, seed: u64) -> Vec<f32> {
+        self.layout().init(seed)
+    }
+
+    /// Mean loss over the batch (nats per prediction), with its gradient written to `grad_out`.
+    ///
+    /// `params` and `grad_out` must both have [`Model::param_count`] elements; `grad_out` is
+    /// overwritten, not accumulated into.
+    pub fn loss_and_grad(
+        &mut self,
+        params: &[f32],
+        batch: &Batch,
+        grad_out: &mut [f32],
+    ) -> Result<f32, TrainerError> {
+        TrainerError::check_len("grad", self.param_count(), grad_out.len())?;
+        match self {
+            Model::Mlp(m) => m.run(params, batch, Some(grad_out)),
+            Model::Gpt(m) => m.run(params, batch, Some(grad_out)),
+        }
+    }
+
+    /// Mean loss over the batch (nats per prediction), without recording a backward graph.
+    pub fn eval_loss(&mut self, params: &[f32], batch: &Batch) -> Result<f32, TrainerError> {
+        match self {
+            Model::Mlp(m) => m.run(params, batch, None),
+            Model::Gpt(m) => m.run(params, batch, None),
+        }
+    }
+
+    /// Mean loss over a whole eval set, each batch weighted by its number of predictions.
+    pub fn evaluate(&mut self, params: &[f32], eval_set: &[Batch]) -> Result<f32, TrainerError> {
+        let mut total = 0.0f64;
+        let mut count = 0usize;
+        for batch in eval_set {
+            let loss = self.eval_loss(params, batch)?;
+            total += f64::from(loss) * batch.predictions() as f64;
+            count += batch.predictions();
+        }
+        if count == 0 {
+            return Err(TrainerError::BatchMismatch {
+                reason: "the eval set is empty".into(),
+            });
+        }
+        Ok((total / count as f64) as f32)
+    }
+}
+
+/// Checks that every id is below `limit` (candle would refuse, with a less helpful message).
+pub(crate) fn check_ids(what: &str, ids: &[u32], limit: usize) -> Result<(), TrainerError> {
+    match ids.iter().position(|&id| id as usize >= limit) {
+        None => Ok(()),
+        Some(at) => Err(TrainerError::BatchMismatch {
+            reason: format!("{what} {} at position {at} is not below {limit}", ids[at]),
+        }),
+    }
+}

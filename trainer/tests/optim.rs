@@ -1,0 +1,218 @@
+//! Optimizers against hand-computed scalar references; LAMB trust ratios; state handling.
+
+use murmur_trainer::{Init, Optimizer, OptimizerConfig, ParamLayout, TrainerError};
+
+fn layout(tensors: &[(&str, usize, bool)]) -> ParamLayout {
+    let mut layout = ParamLayout::default();
+    for &(name, len, decay) in tensors {
+        layout.push(name.into(), &[len], decay, Init::Zeros);
+    }
+    layout
+}
+
+fn close(a: f32, b: f32, tol: f32) -> bool {
+    (a - b).abs() <= tol
+}
+
+#[test]
+fn sgd_nesterov_matches_hand_computation() {
+    // μ = 0.9, η = 0.1, p₀ = 1, gradients 1, 0.5, −0.25:
+    // b₁ = 1,    p₁ = 1    − 0.1·(1     + 0.9·1)    = 0.81
+    // b₂ = 1.4,  p₂ = 0.81 − 0.1·(0.5   + 0.9·1.4)  = 0.634
+    // b₃ = 1.01, p₃ = 0.634 − 0.1·(−0.25 + 0.9·1.01) = 0.5681
+    let layout = layout(&[("w", 1, true)]);
+    let config = OptimizerConfig::SgdNesterov {
+        momentum: 0.9,
+        weight_decay: 0.0,
+    };
+    let mut opt = Optimizer::new(config, &layout).unwrap();
+    let mut p = [1.0f32];
+    for (g, want) in [(1.0, 0.81), (0.5, 0.634), (-0.25, 0.5681)] {
+        opt.step(&mut p, &[g], 0.1).unwrap();
+        assert!(close(p[0], want, 1e-6), "{} vs {want}", p[0]);
+    }
+    assert!(close(opt.slots()[0][0], 1.01, 1e-6));
+    assert_eq!(opt.steps_taken(), 3);
+}
+
+#[test]
+fn sgd_weight_decay_applies_only_to_decayed_tensors() {
+    // λ = 0.5, μ = 0, η = 0.1, p = 2, g = 0: decayed moves by 0.1·0.5·2 = 0.1; bias stays.
+    let layout = layout(&[("w", 1, true), ("b", 1, false)]);
+    let config = OptimizerConfig::SgdNesterov {
+        momentum: 0.0,
+        weight_decay: 0.5,
+    };
+    let mut opt = Optimizer::new(config, &layout).unwrap();
+    let mut p = [2.0f32, 2.0];
+    opt.step(&mut p, &[0.0, 0.0], 0.1).unwrap();
+    assert!(close(p[0], 1.9, 1e-6));
+    assert_eq!(p[1], 2.0);
+}
+
+#[test]
+fn adamw_matches_hand_computation() {
+    // η = 0.1, β = (0.9, 0.999), λ = 0.1, p₀ = 1.
+    // t=1, g=0.5: m̂ = 0.5, v̂ = 0.25 → step 1; p₁ = 1·(1 − 0.01) − 0.1·1 = 0.89.
+    // t=2, g=−1: m = −0.055, v = 0.00124975, m̂ = −0.055/0.19, v̂ = 0.00124975/0.001999;
+    //   m̂/√v̂ = −0.366101…; p₂ = 0.89·0.99 + 0.0366101 = 0.9177101.
+    let layout = layout(&[("w", 1, true)]);
+    let config = OptimizerConfig::AdamW {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut opt = Optimizer::new(config, &layout).unwrap();
+    let mut p = [1.0f32];
+    opt.step(&mut p, &[0.5], 0.1).unwrap();
+    assert!(close(p[0], 0.89, 1e-6), "{}", p[0]);
+    opt.step(&mut p, &[-1.0], 0.1).unwrap();
+    assert!(close(p[0], 0.917_710_1, 2e-6), "{}", p[0]);
+    assert!(close(opt.slots()[0][0], -0.055, 1e-7));
+    // (1 − β₂ rounds to 0.00099998713 in f32, hence the looser tolerance.)
+    assert!(close(opt.slots()[1][0], 0.001_249_75, 1e-7));
+}
+
+#[test]
+fn adamw_first_step_is_lr_times_sign() {
+    // Bias correction makes the first step ±η per element whatever the gradient's scale.
+    let layout = layout(&[("w", 3, false)]);
+    let config = OptimizerConfig::AdamW {
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-12,
+        weight_decay: 0.0,
+    };
+    let mut opt = Optimizer::new(config, &layout).unwrap();
+    let mut p = [0.0f32; 3];
+    opt.step(&mut p, &[1e-3, -50.0, 7.0], 0.01).unwrap();
+    for (v, want) in p.iter().zip([-0.01, 0.01, -0.01]) {
+        assert!(close(*v, want, 1e-7), "{v} vs {want}");
+    }
+}
+
+#[test]
+fn lamb_trust_ratio_matches_hand_computation() {
+    // Tensor a = [3, 4] (‖a‖ = 5) with g = [1, 0], λ = 0.1; tensor b = [0] with g = [2], no decay.
+    // t=1: m̂ = g, v̂ = g², r = [1, 0]; u_a = r + λa = [1.3, 0.4], ‖u_a‖ = √1.85;
+    //   ratio_a = 5/√1.85 = 3.676073; a ← a − 0.1·ratio_a·u_a = [2.522111, 3.852957].
+    // ‖b‖ = 0 → ratio_b = 1; u_b = 1; b ← −0.1.
+    let layout = layout(&[("a", 2, true), ("b", 1, false)]);
+    let config = OptimizerConfig::Lamb {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-6,
+        weight_decay: 0.1,
+    };
+    let mut opt = Optimizer::new(config, &layout).unwrap();
+    let mut p = [3.0f32, 4.0, 0.0];
+    opt.step(&mut p, &[1.0, 0.0, 2.0], 0.1).unwrap();
+    let ratios = opt.trust_ratios();
+    assert!(close(ratios[0], 3.676_073, 1e-5), "{ratios:?}");
+    assert_eq!(ratios[1], 1.0);
+    assert!(close(p[0], 2.522_111, 1e-5), "{p:?}");
+    assert!(close(p[1], 3.852_957, 1e-5), "{p:?}");
+    assert!(close(p[2], -0.1, 1e-6), "{p:?}");
+}
+
+#[test]
+fn lamb_step_size_is_invariant_to_gradient_scale() {
+    // Per-tensor normalisation: scaling a tensor's gradient by 1000 leaves its update unchanged
+    // (up to ε), so each layer moves by lr·‖p‖ relative to its own norm.
+    let layout = layout(&[("a", 4, false)]);
+    let config = OptimizerConfig::Lamb {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-10,
+        weight_decay: 0.0,
+    };
+    let run = |scale: f32| {
+        let mut opt = Optimizer::new(config, &layout).unwrap();
+        let mut p = [1.0f32, -2.0, 0.5, 3.0];
+        let g: Vec<f32> = [0.3f32, 0.1, -0.7, 0.2].iter().map(|g| g * scale).collect();
+        opt.step(&mut p, &g, 0.01).unwrap();
+        p
+    };
+    let (small, large) = (run(1.0), run(1000.0));
+    for (a, b) in small.iter().zip(&large) {
+        assert!(close(*a, *b, 1e-6), "{small:?} vs {large:?}");
+    }
+    // And the update's norm is lr·‖p‖.
+    let before = [1.0f32, -2.0, 0.5, 3.0];
+    let moved: f32 = small
+        .iter()
+        .zip(before)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f32>()
+        .sqrt();
+    let norm: f32 = before.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!(
+        close(moved, 0.01 * norm, 1e-6),
+        "{moved} vs {}",
+        0.01 * norm
+    );
+}
+
+#[test]
+fn state_round_trips_and_rejects_wrong_lengths() {
+    let layout = layout(&[("w", 2, true)]);
+    let config = OptimizerConfig::AdamW {
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: 0.0,
+    };
+    let mut a = Optimizer::new(config, &layout).unwrap();
+    let mut pa = [1.0f32, 2.0];
+    for g in [[0.1, -0.2], [0.3, 0.0], [-0.5, 0.4]] {
+        a.step(&mut pa, &g, 0.05).unwrap();
+    }
+    // A fresh optimizer loaded with a's state continues exactly like a.
+    let mut b = Optimizer::new(config, &layout).unwrap();
+    let slots: Vec<&[f32]> = a.slots().iter().map(Vec::as_slice).collect();
+    b.load_state(a.steps_taken(), &slots).unwrap();
+    let mut pb = pa;
+    a.step(&mut pa, &[0.2, 0.2], 0.05).unwrap();
+    b.step(&mut pb, &[0.2, 0.2], 0.05).unwrap();
+    assert_eq!(pa, pb);
+    assert_eq!(a.slot_names(), ["exp_avg", "exp_avg_sq"]);
+
+    let short = [0.0f32; 1];
+    let err = b.load_state(1, &[&short, &short]).unwrap_err();
+    assert!(matches!(
+        err,
+        TrainerError::BufferLength {
+            expected: 2,
+            actual: 1,
+            ..
+        }
+    ));
+    let err = b.step(&mut [0.0; 3], &[0.0; 3], 0.1).unwrap_err();
+    assert!(matches!(
+        err,
+        TrainerError::BufferLength {
+            buffer: "params",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn hyperparameters_out_of_range_name_their_key() {
+    let layout = layout(&[("w", 1, true)]);
+    let bad = OptimizerConfig::SgdNesterov {
+        momentum: 1.0,
+        weight_decay: 0.0,
+    };
+    let err = Optimizer::new(bad, &layout).unwrap_err().to_string();
+    assert!(err.contains("optimizer.momentum"), "{err}");
+    let bad = OptimizerConfig::Lamb {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 0.0,
+        weight_decay: 0.0,
+    };
+    let err = Optimizer::new(bad, &layout).unwrap_err().to_string();
+    assert!(err.contains("optimizer.eps"), "{err}");
+}

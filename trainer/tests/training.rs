@@ -1,0 +1,134 @@
+//! Short training runs: the eval loss falls toward the task's floor.
+
+use murmur_trainer::data::{MarkovConfig, TeacherConfig};
+use murmur_trainer::{
+    Activation, DataConfig, DataSource, GptConfig, MlpConfig, ModelConfig, OptimizerConfig,
+    PeerSampling, ScheduleConfig, TaskConfig,
+};
+
+fn sampling(peer_seed: u64) -> PeerSampling {
+    PeerSampling {
+        swarm_seed: 17,
+        peer_seed,
+        shard: 0,
+        shards: 1,
+    }
+}
+
+/// Trains `steps` local steps and returns (initial eval, final eval, floor).
+fn train(config: &TaskConfig, steps: u64) -> (f32, f32, f32) {
+    let mut task = config.build(sampling(1)).unwrap();
+    let mut params = task.model.init(17);
+    let mut grad = vec![0.0; params.len()];
+    let mut batch = task.dataset.empty_batch(task.batch_size);
+    let initial = task.evaluate(&params).unwrap();
+    for step in 0..steps {
+        let loss = task
+            .local_step(&mut params, &mut batch, &mut grad, step, 1)
+            .unwrap();
+        assert!(loss.is_finite(), "loss diverged at step {step}");
+    }
+    let last = task.evaluate(&params).unwrap();
+    (initial, last, task.dataset.loss_floor().unwrap())
+}
+
+#[test]
+fn gpt_learns_a_markov_chain() {
+    let config = TaskConfig {
+        model: ModelConfig::Gpt(GptConfig {
+            layers: 1,
+            heads: 2,
+            width: 16,
+            context: 8,
+            vocab: None,
+            mlp_ratio: 2,
+        }),
+        data: DataConfig {
+            batch_size: 16,
+            eval_samples: 64,
+            source: DataSource::SyntheticMarkov(MarkovConfig {
+                states: 8,
+                branching: 2,
+                skew: 1.0,
+            }),
+        },
+        optimizer: OptimizerConfig::AdamW {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.0,
+        },
+        schedule: ScheduleConfig {
+            peak_lr: 1e-2,
+            warmup_steps: 10,
+            total_steps: 150,
+            min_lr_ratio: 0.1,
+            reference_batch: None,
+        },
+    };
+    let (initial, last, floor) = train(&config, 150);
+    assert!(floor < initial, "floor {floor} vs initial {initial}");
+    let progress = (initial - last) / (initial - floor);
+    assert!(progress > 0.5, "eval {initial} → {last}, floor {floor}");
+}
+
+#[test]
+fn mlp_learns_a_teacher() {
+    let config = TaskConfig {
+        model: ModelConfig::Mlp(MlpConfig {
+            hidden: vec![32],
+            activation: Activation::Relu,
+        }),
+        data: DataConfig {
+            batch_size: 32,
+            eval_samples: 256,
+            source: DataSource::SyntheticClassification(TeacherConfig {
+                features: 8,
+                classes: 4,
+                hidden: 16,
+                sharpness: 4.0,
+            }),
+        },
+        optimizer: OptimizerConfig::SgdNesterov {
+            momentum: 0.9,
+            weight_decay: 0.0,
+        },
+        schedule: ScheduleConfig {
+            peak_lr: 0.05,
+            warmup_steps: 10,
+            total_steps: 300,
+            min_lr_ratio: 0.1,
+            reference_batch: None,
+        },
+    };
+    let (initial, last, floor) = train(&config, 300);
+    let progress = (initial - last) / (initial - floor);
+    assert!(progress > 0.3, "eval {initial} → {last}, floor {floor}");
+}
+
+#[test]
+fn every_peer_starts_from_the_same_parameters() {
+    let config = murmur_trainer::TaskPreset::TeacherMlp.config();
+    let a = config.build(sampling(1)).unwrap();
+    let b = config.build(sampling(2)).unwrap();
+    assert_eq!(a.model.init(5), b.model.init(5));
+    assert_ne!(a.model.init(5), a.model.init(6));
+}
+
+#[test]
+fn a_task_can_move_to_another_thread() {
+    fn assert_send<T: Send>(_: &T) {}
+    let task = murmur_trainer::TaskPreset::default_local()
+        .build(sampling(1))
+        .unwrap();
+    assert_send(&task);
+    // And it trains there.
+    let handle = std::thread::spawn(move || {
+        let mut task = task;
+        let mut params = task.model.init(1);
+        let mut grad = vec![0.0; params.len()];
+        let mut batch = task.dataset.empty_batch(task.batch_size);
+        task.local_step(&mut params, &mut batch, &mut grad, 0, 1)
+    });
+    assert!(handle.join().unwrap().unwrap().is_finite());
+}
