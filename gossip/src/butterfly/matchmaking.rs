@@ -35,7 +35,7 @@ use murmur_protocol::message::GroupRejectReason;
 
 use crate::{PeerKey, Time};
 
-use super::config::ButterflyConfig;
+use super::config::{ButterflyConfig, MAX_GROUP};
 use super::error::ButterflyError;
 use super::group::Group;
 use super::partition::{MemberLink, Partition, optimal_fractions};
@@ -229,6 +229,16 @@ impl<P: PeerKey> Matchmaker<P> {
     /// This peer's key.
     pub fn key(&self) -> P {
         self.me
+    }
+
+    /// Sets the group size at which a leader begins without waiting for its deadline,
+    /// clamped to `min_group..=256`; it takes effect at once.
+    ///
+    /// The configured `target_group` is a cap; a caller that knows how many peers the swarm
+    /// has (its membership view) lowers it to that count, so that a group holding the whole
+    /// swarm begins at once instead of waiting for members that do not exist.
+    pub fn set_target_group(&mut self, target: usize) {
+        self.config.target_group = target.clamp(self.config.min_group, MAX_GROUP);
     }
 
     /// When this peer stops looking in the current round.

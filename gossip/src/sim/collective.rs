@@ -178,6 +178,7 @@ pub(crate) fn run(scenario: &Scenario, collective: Collective) -> Result<SimRepo
             bytes_sent: bytes_sent as u64,
             messages: messages_per_round * scenario.rounds,
             events: scenario.rounds,
+            averaging: None,
         },
         rounds: records,
     })

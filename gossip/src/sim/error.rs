@@ -2,6 +2,8 @@
 
 use thiserror::Error;
 
+use crate::butterfly::ButterflyError;
+use crate::ring::RingError;
 use crate::sgp::SgpError;
 
 /// Why a simulation could not run.
@@ -20,4 +22,11 @@ pub enum SimError {
     /// The SGP state machine refused an input the simulator considers valid.
     #[error("SGP state machine refused a simulated input: {0}")]
     Sgp(#[from] SgpError),
+    /// The butterfly settings are invalid, or a butterfly state machine refused an input
+    /// the simulator considers valid.
+    #[error("butterfly all-reduce: {0}")]
+    Butterfly(#[from] ButterflyError),
+    /// The ring all-reduce state machine refused a setup the simulator considers valid.
+    #[error("ring all-reduce: {0}")]
+    Ring(#[from] RingError),
 }

@@ -1,8 +1,16 @@
 //! A deterministic discrete-event simulator for murmur's averaging algorithms.
 //!
-//! The simulator drives the very state machines the daemon runs ([`crate::sgp::SgpPeer`])
-//! in virtual time, so that an algorithm can be tested on thousands of peers, on slow and
-//! lossy links, through joins, leaves and crashes, in one process and in seconds.
+//! The simulator drives the very state machines the daemon runs in virtual time, so that an
+//! algorithm can be tested on thousands of peers, on slow and lossy links, through joins,
+//! leaves and crashes, in one process and in seconds. It runs three training modes:
+//!
+//! - **SGP** ([`SgpSwarm`]): every peer steps and pushes shares with
+//!   [`crate::sgp::SgpPeer`], never waiting for anyone.
+//! - **Butterfly** ([`ButterflySwarm`]): peers accumulate gradients until the swarm reaches a
+//!   target batch, form groups with [`crate::butterfly::Matchmaker`] and average in
+//!   [`crate::butterfly::ButterflyRound`]s; a straggler contributes what it has finished.
+//! - **Sync-ring** ([`RingSwarm`]): after every step all peers average in one
+//!   [`crate::ring::RingAllReduce`] and wait for it.
 //!
 //! # Model
 //!
@@ -12,43 +20,56 @@
 //!   and per step by uniform jitter. A *round* is one nominal step; records are taken at
 //!   the end of every round, after everything due at that instant has happened.
 //! - **Links**: every peer has an uplink and a downlink of fixed bandwidth, each a FIFO
-//!   pipe, plus a one-way latency; loss costs retransmission time, as on QUIC.
+//!   pipe, plus a one-way latency; a message queues at the receiver's downlink when its
+//!   first byte gets there. Loss costs retransmission time, as on QUIC.
 //! - **Churn**: joins, graceful leaves and crashes at given or random times. The swarm
 //!   hears of each after `link.detect_ms`; until then peers may send to a peer that is
-//!   gone, and the transport hands those shares back to their senders.
-//! - **Byzantine peers** send every share sign-flipped and scaled.
-//! - **Synchronous baselines** (ring, tree, recursive halving/doubling, torus, parameter
-//!   server) run as latency–bandwidth cost models ([`Collective`]): a barrier on the
-//!   slowest peer, then one all-reduce per step.
+//!   gone. Joiners of the synchronous modes download the parameters first.
+//! - **Byzantine peers** send every SGP share, or contribute every butterfly or ring
+//!   average, sign-flipped and scaled.
+//! - **Synchronous baselines as cost models** (ring, tree, recursive halving/doubling,
+//!   torus, parameter server) run as latency–bandwidth formulas ([`Collective`]): a barrier
+//!   on the slowest peer, then one all-reduce per step.
 //!
 //! # Using it
 //!
 //! [`run`] takes a [`Scenario`] (the Rust form of a TOML file in `examples/sim/`) and
 //! returns a [`SimReport`] with one [`RoundRecord`] per round. Tests that need to look
-//! inside a run build an [`SgpSwarm`] and step it with [`SgpSwarm::run_until`].
+//! inside a run build a swarm and step it with its `run_until`.
 
+mod butterfly_swarm;
 mod collective;
 mod error;
+mod learner;
 mod metrics;
 mod network;
 mod queue;
 mod report;
+mod ring_swarm;
 mod scenario;
+mod schedule;
 mod sgp_swarm;
+mod training;
+mod training_run;
 
+pub use butterfly_swarm::ButterflySwarm;
 pub use collective::Collective;
 pub use error::SimError;
-pub use report::{RoundRecord, SimReport, SimSummary};
+pub use report::{AveragingSummary, RoundRecord, SimReport, SimSummary};
+pub use ring_swarm::RingSwarm;
 pub use scenario::{
     AlgorithmSpec, ByzantineSpec, ChurnEvent, ComputeSpec, InitSpec, LinkSpec, RandomChurn,
     Scenario, Straggler, Workload,
 };
 pub use sgp_swarm::SgpSwarm;
+pub use training::{ButterflyTraining, RingTraining};
 
 /// Runs `scenario` to its last round and reports.
 pub fn run(scenario: &Scenario) -> Result<SimReport, SimError> {
     match &scenario.algorithm {
         AlgorithmSpec::Sgp(config) => SgpSwarm::new(scenario, config)?.run_to_end(),
+        AlgorithmSpec::Butterfly(training) => ButterflySwarm::new(scenario, training)?.run_to_end(),
+        AlgorithmSpec::SyncRing(training) => RingSwarm::new(scenario, training)?.run_to_end(),
         AlgorithmSpec::SyncAllReduce { collective } => collective::run(scenario, *collective),
     }
 }

@@ -72,6 +72,30 @@ pub struct SimSummary {
     pub messages: u64,
     /// Events the simulator processed.
     pub events: u64,
+    /// How the averaging rounds of a synchronous training mode went (butterfly and
+    /// sync-ring); absent for SGP and the cost models.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub averaging: Option<AveragingSummary>,
+}
+
+/// How the averaging rounds of a synchronous training mode went, counted per member: a
+/// round of 16 members counts 16 times.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AveragingSummary {
+    /// Member-rounds that ended with an averaged result.
+    pub rounds_averaged: u64,
+    /// Member-rounds that ended with the member's local values: no group formed
+    /// (butterfly), or the ring missed its deadline (sync-ring).
+    pub rounds_local: u64,
+    /// Mean members per averaged round.
+    pub mean_group_size: f64,
+    /// Mean fraction of the vector averaged over at least two members, per averaged round.
+    pub mean_fraction_averaged: f64,
+    /// Mean time from a member's round start to its result, in seconds.
+    pub mean_round_secs: f64,
+    /// Chunks or segments the state machines refused (late, duplicate, or for a round that
+    /// was over).
+    pub chunks_refused: u64,
 }
 
 /// Everything a run reports.
@@ -155,6 +179,80 @@ impl fmt::Display for SimSummary {
         for (label, value) in rows {
             writeln!(f, "{label:<28} {value}")?;
         }
+        if let Some(averaging) = &self.averaging {
+            let rows: [(&str, String); 5] = [
+                (
+                    "member-rounds (avg / local)",
+                    format!("{} / {}", averaging.rounds_averaged, averaging.rounds_local),
+                ),
+                (
+                    "mean group size",
+                    format!("{:.2}", averaging.mean_group_size),
+                ),
+                (
+                    "mean fraction averaged",
+                    format!("{:.4}", averaging.mean_fraction_averaged),
+                ),
+                (
+                    "mean round time",
+                    format!("{:.2} ms", averaging.mean_round_secs * 1e3),
+                ),
+                ("chunks refused", averaging.chunks_refused.to_string()),
+            ];
+            for (label, value) in rows {
+                writeln!(f, "{label:<28} {value}")?;
+            }
+        }
         Ok(())
+    }
+}
+
+/// Counts what the averaging rounds of a training run achieved, for [`AveragingSummary`].
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AveragingTally {
+    averaged: u64,
+    local: u64,
+    members: u64,
+    fraction: f64,
+    secs: f64,
+    refused: u64,
+}
+
+impl AveragingTally {
+    /// A member's round ended averaged over `members` members, with `fraction` of the
+    /// vector averaged over at least two, `secs` after it began.
+    pub(crate) fn averaged(&mut self, members: usize, fraction: f64, secs: f64) {
+        self.averaged += 1;
+        self.members += members as u64;
+        self.fraction += fraction;
+        self.secs += secs;
+    }
+
+    /// A member's round ended with its local values.
+    pub(crate) fn local(&mut self) {
+        self.local += 1;
+    }
+
+    /// A state machine refused a chunk.
+    pub(crate) fn refused(&mut self) {
+        self.refused += 1;
+    }
+
+    pub(crate) fn summary(&self) -> AveragingSummary {
+        let per_round = |total: f64| {
+            if self.averaged > 0 {
+                total / self.averaged as f64
+            } else {
+                0.0
+            }
+        };
+        AveragingSummary {
+            rounds_averaged: self.averaged,
+            rounds_local: self.local,
+            mean_group_size: per_round(self.members as f64),
+            mean_fraction_averaged: per_round(self.fraction),
+            mean_round_secs: per_round(self.secs),
+            chunks_refused: self.refused,
+        }
     }
 }

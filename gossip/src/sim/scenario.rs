@@ -6,6 +6,7 @@ use crate::sgp::SgpConfig;
 
 use super::collective::Collective;
 use super::error::SimError;
+use super::training::{ButterflyTraining, RingTraining};
 
 /// One simulated run: the swarm, its links and compute, its faults, and the algorithm.
 ///
@@ -62,6 +63,12 @@ pub struct Scenario {
 pub enum AlgorithmSpec {
     /// Stochastic Gradient Push.
     Sgp(SgpConfig),
+    /// Butterfly training: accumulate gradients to a target batch, then average them in
+    /// groups, driving the real matchmaking and butterfly round state machines.
+    Butterfly(ButterflyTraining),
+    /// Synchronous training with a ring all-reduce after every step, driving the real ring
+    /// state machine.
+    SyncRing(RingTraining),
     /// Synchronous data-parallel training with an all-reduce every step (cost model only).
     SyncAllReduce {
         /// The all-reduce algorithm.
@@ -366,6 +373,8 @@ impl Scenario {
         }
         match &self.algorithm {
             AlgorithmSpec::Sgp(config) => config.validate().map_err(SimError::Sgp),
+            AlgorithmSpec::Butterfly(training) => training.validate(),
+            AlgorithmSpec::SyncRing(training) => training.validate(),
             AlgorithmSpec::SyncAllReduce { .. } => Ok(()),
         }
     }

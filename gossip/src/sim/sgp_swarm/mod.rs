@@ -2,22 +2,22 @@
 
 use std::time::Duration;
 
+use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
-use rand::{RngExt, SeedableRng};
 
 use crate::Time;
 use crate::sgp::{MembershipView, SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 
 use super::error::SimError;
+use super::learner::{random_vector, step_duration};
 use super::metrics::{self, MassView};
-use super::network::Network;
+use super::network::{Departure, Network};
 use super::queue::{EventQueue, Lane};
 use super::report::{RoundRecord, SimReport, SimSummary};
 use super::scenario::{ChurnEvent, Scenario, Workload};
+use super::schedule::expand_churn;
 
 mod churn;
-
-use churn::expand_churn;
 
 /// The least time a transport takes to give up on a peer that is gone. Without it a
 /// zero-latency run could bounce a share between a leaver and a departed heir forever
@@ -35,6 +35,7 @@ enum Change {
 #[derive(Debug, Clone, Copy)]
 enum Event {
     StepDone { peer: u32 },
+    Reach { slot: u32 },
     Arrive { slot: u32 },
     Delivered { from: u32, to: u32, seq: u64 },
     Return { slot: u32 },
@@ -72,6 +73,7 @@ struct Message {
     to: u32,
     /// The receiver was gone when the message arrived.
     receiver_gone: bool,
+    departure: Departure,
     header: ShareHeader,
     payload: Vec<u8>,
 }
@@ -334,6 +336,7 @@ impl SgpSwarm {
                 bytes_sent: self.network.bytes_sent(),
                 messages: self.network.messages_sent(),
                 events: self.queue.pushed(),
+                averaging: None,
             },
             rounds: self.records.clone(),
         }
@@ -342,6 +345,15 @@ impl SgpSwarm {
     fn dispatch(&mut self, event: Event) -> Result<(), SimError> {
         match event {
             Event::StepDone { peer } => self.on_step_done(peer),
+            Event::Reach { slot } => {
+                if let Some(message) = self.slots.get(slot as usize).and_then(Option::as_ref) {
+                    let to = message.to as usize;
+                    let arrival = self.network.arrive(&message.departure, to, &mut self.rng);
+                    self.queue
+                        .push(arrival, Lane::Normal, Event::Arrive { slot });
+                }
+                Ok(())
+            }
             Event::Arrive { slot } => self.on_arrive(slot),
             Event::Delivered { from, to, seq } => {
                 self.feed(from, SgpInput::ShareDelivered { to, seq })
@@ -513,17 +525,12 @@ impl SgpSwarm {
                     if let Some(scale) = self.peers[id as usize].sign_flip_scale {
                         sign_flip(&mut payload, scale);
                     }
-                    let arrival = self.network.transfer(
-                        self.now,
-                        id as usize,
-                        to as usize,
-                        payload.len(),
-                        &mut self.rng,
-                    );
+                    let departure = self.network.depart(self.now, id as usize, payload.len());
                     let message = Message {
                         from: id,
                         to,
                         receiver_gone: false,
+                        departure,
                         header,
                         payload,
                     };
@@ -538,7 +545,7 @@ impl SgpSwarm {
                         }
                     };
                     self.queue
-                        .push(arrival, Lane::Normal, Event::Arrive { slot });
+                        .push(departure.reaches, Lane::Normal, Event::Reach { slot });
                 }
                 SgpOutput::StartStep { .. } => self.start_step(id)?,
                 SgpOutput::Departed => {
@@ -554,12 +561,6 @@ impl SgpSwarm {
 
     /// Schedules the end of peer `id`'s next step, computing its gradient at `z` now.
     fn start_step(&mut self, id: u32) -> Result<(), SimError> {
-        let jitter = self.scenario.compute.jitter;
-        let draw = if jitter > 0.0 {
-            self.rng.random_range(-jitter..jitter)
-        } else {
-            0.0
-        };
         let peer = &mut self.peers[id as usize];
         if let (Workload::Quadratic { .. }, Some(machine)) =
             (&self.scenario.workload, peer.machine.as_ref())
@@ -570,20 +571,11 @@ impl SgpSwarm {
                 *g -= b;
             }
         }
-        let secs = self.scenario.compute.step_ms * 1e-3 * peer.slowdown * (1.0 + draw);
-        let at = self.now + Duration::from_secs_f64(secs);
+        let at = self.now + step_duration(&self.scenario.compute, peer.slowdown, &mut self.rng);
         self.queue
             .push(at, Lane::Normal, Event::StepDone { peer: id });
         Ok(())
     }
-}
-
-/// A vector of `offset + spread · u`, `u` uniform in `[−1, 1)`.
-fn random_vector(rng: &mut Xoshiro256PlusPlus, scenario: &Scenario, len: usize) -> Vec<f32> {
-    let (offset, spread) = (scenario.init.offset, scenario.init.spread);
-    (0..len)
-        .map(|_| offset + spread * rng.random_range(-1.0f32..1.0))
-        .collect()
 }
 
 /// Rewrites every little-endian `f32` of `payload` as `−scale · v`.
