@@ -11,19 +11,14 @@
 //! 2¹²⁷ (larger elements saturate), so that no byte a part can hold decodes to ±Inf.
 
 use super::CodecError;
-use super::finite::check_scales;
-use super::kernels::{INF_BITS, abs_max_bits, first_non_finite, multiversion, round_to_i32};
+use super::finite::{block_count, check_encoded_blocks, check_scales};
+use super::kernels::{INF_BITS, abs_max_bits, multiversion, round_to_i32};
 
 /// Magnitudes below 2⁻¹⁰⁰ flush a block to zero.
 const FLUSH_BITS: u32 = (127 - 100) << 23;
 /// Block maxima are capped at 2¹²⁷, so that every level a part can hold (including one
 /// past the encoder's, −128 or −8) decodes to a finite value; larger elements saturate.
 const CAP_BITS: u32 = (127 + 127) << 23;
-
-/// Number of blocks covering `elements`.
-fn blocks(elements: usize, block: u32) -> usize {
-    elements.div_ceil(block as usize)
-}
 
 /// The decode scale `m / L` and the encode multiplier `L / m` for a block whose largest
 /// magnitude has bit pattern `max_bits`.
@@ -65,19 +60,13 @@ impl Int8 {
     const MAX_BYTE: f32 = 128.0;
 
     pub(super) fn encoded_len(elements: usize, block: u32) -> usize {
-        blocks(elements, block) * 4 + elements
+        block_count(elements, block) * 4 + elements
     }
 
     pub(super) fn encode(src: &[f32], dst: &mut [u8], block: u32) -> Result<(), CodecError> {
-        let (scales, q) = dst.split_at_mut(blocks(src.len(), block) * 4);
-        match encode_int8(src, scales, q, block as usize) {
-            None => Ok(()),
-            Some(b) => {
-                let start = b * block as usize;
-                let index = start + first_non_finite(&src[start..]);
-                Err(CodecError::NonFiniteInput { index })
-            }
-        }
+        let (scales, q) = dst.split_at_mut(block_count(src.len(), block) * 4);
+        let first_bad_block = encode_int8(src, scales, q, block as usize);
+        check_encoded_blocks(src, block, first_bad_block)
     }
 
     pub(super) fn decode(
@@ -86,7 +75,7 @@ impl Int8 {
         block: u32,
         weight: Option<f32>,
     ) -> Result<(), CodecError> {
-        let (scales, q) = src.split_at(blocks(out.len(), block) * 4);
+        let (scales, q) = src.split_at(block_count(out.len(), block) * 4);
         check_scales(scales, Self::MAX_BYTE, block as usize, "int8")?;
         match weight {
             None => decode_int8(scales, q, out, block as usize),
@@ -175,19 +164,13 @@ impl Int4 {
     const MAX_NIBBLE: f32 = 8.0;
 
     pub(super) fn encoded_len(elements: usize, block: u32) -> usize {
-        blocks(elements, block) * 4 + elements.div_ceil(2)
+        block_count(elements, block) * 4 + elements.div_ceil(2)
     }
 
     pub(super) fn encode(src: &[f32], dst: &mut [u8], block: u32) -> Result<(), CodecError> {
-        let (scales, q) = dst.split_at_mut(blocks(src.len(), block) * 4);
-        match encode_int4(src, scales, q, block as usize) {
-            None => Ok(()),
-            Some(b) => {
-                let start = b * block as usize;
-                let index = start + first_non_finite(&src[start..]);
-                Err(CodecError::NonFiniteInput { index })
-            }
-        }
+        let (scales, q) = dst.split_at_mut(block_count(src.len(), block) * 4);
+        let first_bad_block = encode_int4(src, scales, q, block as usize);
+        check_encoded_blocks(src, block, first_bad_block)
     }
 
     pub(super) fn decode(
@@ -196,7 +179,7 @@ impl Int4 {
         block: u32,
         weight: Option<f32>,
     ) -> Result<(), CodecError> {
-        let (scales, q) = src.split_at(blocks(out.len(), block) * 4);
+        let (scales, q) = src.split_at(block_count(out.len(), block) * 4);
         check_scales(scales, Self::MAX_NIBBLE, block as usize, "int4")?;
         if out.len() % 2 == 1 && q.last().is_some_and(|b| b >> 4 != 0) {
             return Err(CodecError::Corrupt {

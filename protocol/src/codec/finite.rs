@@ -47,3 +47,26 @@ pub(crate) fn check_scales(
     }
     Ok(())
 }
+
+/// The result of a blockwise encode kernel, which reports the first block that holds a
+/// non-finite value: the error names that value's element.
+pub(crate) fn check_encoded_blocks(
+    src: &[f32],
+    block: u32,
+    first_bad_block: Option<usize>,
+) -> Result<(), CodecError> {
+    match first_bad_block {
+        None => Ok(()),
+        Some(b) => {
+            let start = b * block as usize;
+            Err(CodecError::NonFiniteInput {
+                index: start + first_non_finite(&src[start..]),
+            })
+        }
+    }
+}
+
+/// Number of blocks of `block` elements covering `elements`.
+pub(crate) fn block_count(elements: usize, block: u32) -> usize {
+    elements.div_ceil(block as usize)
+}

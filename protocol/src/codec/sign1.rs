@@ -12,28 +12,17 @@
 //! largest magnitude instead.
 
 use super::CodecError;
-use super::finite::check_scales;
-use super::kernels::{INF_BITS, abs_max_bits, first_non_finite, multiversion};
-
-fn blocks(elements: usize, block: u32) -> usize {
-    elements.div_ceil(block as usize)
-}
+use super::finite::{block_count, check_encoded_blocks, check_scales};
+use super::kernels::{INF_BITS, abs_max_bits, multiversion};
 
 pub(super) fn encoded_len(elements: usize, block: u32) -> usize {
-    blocks(elements, block) * 4 + elements.div_ceil(8)
+    block_count(elements, block) * 4 + elements.div_ceil(8)
 }
 
 pub(super) fn encode(src: &[f32], dst: &mut [u8], block: u32) -> Result<(), CodecError> {
-    let (scales, bits) = dst.split_at_mut(blocks(src.len(), block) * 4);
-    match encode_kernel(src, scales, bits, block as usize) {
-        None => Ok(()),
-        Some(b) => {
-            let start = b * block as usize;
-            Err(CodecError::NonFiniteInput {
-                index: start + first_non_finite(&src[start..]),
-            })
-        }
-    }
+    let (scales, bits) = dst.split_at_mut(block_count(src.len(), block) * 4);
+    let first_bad_block = encode_kernel(src, scales, bits, block as usize);
+    check_encoded_blocks(src, block, first_bad_block)
 }
 
 pub(super) fn decode(
@@ -42,7 +31,7 @@ pub(super) fn decode(
     block: u32,
     weight: Option<f32>,
 ) -> Result<(), CodecError> {
-    let (scales, bits) = src.split_at(blocks(out.len(), block) * 4);
+    let (scales, bits) = src.split_at(block_count(out.len(), block) * 4);
     check_scales(scales, 1.0, block as usize, "sign1")?;
     let tail = out.len() % 8;
     if tail != 0 && bits.last().is_some_and(|b| b >> tail != 0) {
