@@ -1,46 +1,32 @@
 //! Butterfly training in the simulator: the real matchmaking and round state machines,
 //! driven over simulated links, through stragglers, crashes and joins.
 
+mod sim_support;
+
 use std::collections::BTreeMap;
 
 use murmur_gossip::Time;
-use murmur_gossip::butterfly::ButterflyConfig;
 use murmur_gossip::sim::{
-    self, AlgorithmSpec, ButterflySwarm, ButterflyTraining, ChurnEvent, Scenario, Workload,
+    self, AlgorithmSpec, ButterflySwarm, ButterflyTraining, ChurnEvent, Scenario,
 };
+use sim_support::Link;
 
 const PEERS: usize = 8;
 
 fn training() -> ButterflyTraining {
-    ButterflyTraining {
-        target_batch: 1024,
-        gossip_ms: 5.0,
-        butterfly: ButterflyConfig {
-            min_group: 2,
-            target_group: 16,
-            max_wait_ms: 1000,
-            begin_margin_ms: 200,
-            chunk_elements: 256,
-            chunks_in_flight: 2,
-            chunk_timeout_ms: 1000,
-            reducer_timeout_ms: 1500,
-            ..ButterflyConfig::default()
-        },
-        ..ButterflyTraining::default()
-    }
+    sim_support::butterfly(1024, 256, 2)
 }
 
 /// Eight peers on 20 Mbit/s links: a round of 16 kB vectors takes tens of milliseconds.
 fn scenario(seed: u64, rounds: u64) -> Scenario {
-    let mut scenario = Scenario::new(PEERS, 4096, rounds);
-    scenario.seed = seed;
-    scenario.algorithm = AlgorithmSpec::Butterfly(training());
+    let link = Link {
+        latency_ms: 2.0,
+        mbps: 20.0,
+        detect_ms: 300.0,
+    };
+    let algorithm = AlgorithmSpec::Butterfly(training());
+    let mut scenario = sim_support::quadratic(PEERS, 4096, rounds, seed, algorithm, link);
     scenario.compute.jitter = 0.1;
-    scenario.link.latency_ms = 2.0;
-    scenario.link.uplink_mbps = Some(20.0);
-    scenario.link.downlink_mbps = Some(20.0);
-    scenario.link.detect_ms = 300.0;
-    scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
     scenario
 }
 
@@ -194,13 +180,7 @@ fn a_joiner_catches_up_and_averages_with_the_others() {
 fn the_same_seed_gives_the_same_run() {
     let mut scenario = scenario(11, 40);
     scenario.vector_len = 1024;
-    scenario.random_churn = Some(sim::RandomChurn {
-        from_ms: 500.0,
-        to_ms: 3_500.0,
-        joins: 2,
-        leaves: 1,
-        crashes: 1,
-    });
+    scenario.random_churn = Some(sim_support::early_churn());
     let first = sim::run(&scenario).expect("valid");
     let again = sim::run(&scenario).expect("valid");
     assert_eq!(first, again);

@@ -1,10 +1,12 @@
 //! Synchronous ring training in the simulator: every step waits for every peer, every
 //! peer applies the same update, and a crash stalls the ring until its deadline.
 
+mod sim_support;
+
 use std::collections::BTreeMap;
 
+use murmur_gossip::sim::Straggler;
 use murmur_gossip::sim::{self, AlgorithmSpec, ChurnEvent, RingSwarm, RingTraining, Scenario};
-use murmur_gossip::sim::{Straggler, Workload};
 
 const PEERS: usize = 8;
 const TIMEOUT_MS: u64 = 2_000;
@@ -17,15 +19,10 @@ fn training() -> RingTraining {
 }
 
 fn scenario(seed: u64, rounds: u64) -> Scenario {
-    let mut scenario = Scenario::new(PEERS, 256, rounds);
-    scenario.seed = seed;
-    scenario.algorithm = AlgorithmSpec::SyncRing(training());
+    let algorithm = AlgorithmSpec::SyncRing(training());
+    let mut scenario =
+        sim_support::quadratic(PEERS, 256, rounds, seed, algorithm, sim_support::TABLE_LINK);
     scenario.compute.jitter = 0.05;
-    scenario.link.latency_ms = 0.2;
-    scenario.link.uplink_mbps = Some(1000.0);
-    scenario.link.downlink_mbps = Some(1000.0);
-    scenario.link.detect_ms = 500.0;
-    scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
     scenario
 }
 
@@ -117,13 +114,7 @@ fn a_crash_stalls_the_ring_until_its_deadline_and_a_join_costs_no_step() {
 #[test]
 fn the_same_seed_gives_the_same_run() {
     let mut scenario = scenario(3, 40);
-    scenario.random_churn = Some(sim::RandomChurn {
-        from_ms: 500.0,
-        to_ms: 3_500.0,
-        joins: 2,
-        leaves: 1,
-        crashes: 1,
-    });
+    scenario.random_churn = Some(sim_support::early_churn());
     let first = sim::run(&scenario).expect("valid");
     assert_eq!(first, sim::run(&scenario).expect("valid"));
     scenario.seed = 4;

@@ -2,47 +2,25 @@
 //! times slower costs SGP and butterfly training little more than that peer's own lost work,
 //! and stalls a synchronous ring.
 
-use murmur_gossip::butterfly::ButterflyConfig;
-use murmur_gossip::sim::{
-    self, AlgorithmSpec, ButterflyTraining, RingTraining, Scenario, SimSummary, Straggler, Workload,
-};
+mod sim_support;
+
+use murmur_gossip::sim::{self, AlgorithmSpec, RingTraining, Scenario, SimSummary, Straggler};
 
 const PEERS: usize = 16;
 
 /// The table's settings (examples/sim/table-*.toml) with a smaller vector and a shorter run.
 fn scenario(algorithm: AlgorithmSpec, seed: u64, stragglers: Vec<Straggler>) -> Scenario {
-    let mut scenario = Scenario::new(PEERS, 1024, 100);
-    scenario.seed = seed;
-    scenario.algorithm = algorithm;
+    let mut scenario =
+        sim_support::quadratic(PEERS, 1024, 100, seed, algorithm, sim_support::TABLE_LINK);
     scenario.compute.step_ms = 100.0;
     scenario.compute.jitter = 0.05;
     scenario.compute.samples_per_step = 64;
     scenario.compute.stragglers = stragglers;
-    scenario.link.latency_ms = 0.2;
-    scenario.link.uplink_mbps = Some(1000.0);
-    scenario.link.downlink_mbps = Some(1000.0);
-    scenario.link.detect_ms = 500.0;
-    scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
     scenario
 }
 
 fn butterfly() -> AlgorithmSpec {
-    AlgorithmSpec::Butterfly(ButterflyTraining {
-        target_batch: 4096,
-        gossip_ms: 5.0,
-        butterfly: ButterflyConfig {
-            min_group: 2,
-            target_group: 16,
-            max_wait_ms: 1000,
-            begin_margin_ms: 200,
-            chunk_elements: 64,
-            chunks_in_flight: 4,
-            chunk_timeout_ms: 1000,
-            reducer_timeout_ms: 1500,
-            ..ButterflyConfig::default()
-        },
-        ..ButterflyTraining::default()
-    })
+    AlgorithmSpec::Butterfly(sim_support::butterfly(4096, 64, 4))
 }
 
 fn ring() -> AlgorithmSpec {

@@ -21,6 +21,12 @@ pub(crate) struct Agreement {
     pub(crate) weight: f64,
 }
 
+/// The scale errors are relative to, from the founders' initial `spread` (`D₀`). A swarm
+/// that starts in agreement has nothing to converge; it is measured in absolute terms.
+pub(crate) fn error_scale(spread: f64) -> f64 {
+    if spread > 0.0 { spread } else { 1.0 }
+}
+
 /// Measures the peers that hold mass. `held_average` is scratch of the vector's length.
 pub(crate) fn agreement<'a>(
     peers: impl Iterator<Item = MassView<'a>> + Clone,

@@ -5,6 +5,10 @@ use std::io::{self, Write};
 
 use serde::Serialize;
 
+use crate::Time;
+
+use super::metrics::Agreement;
+
 /// The state of the swarm at the end of one round.
 ///
 /// Errors are relative to the *initial disagreement* `D₀`, the root mean square over the
@@ -34,6 +38,42 @@ pub struct RoundRecord {
     pub samples: u64,
     /// Bytes put on the wire so far.
     pub bytes_sent: u64,
+}
+
+impl RoundRecord {
+    /// The record of `round` at `now`: the measured peers' `agreement`, the swarm's
+    /// `total_weight` (held and in flight) and its `work` so far.
+    pub(crate) fn new(
+        round: u64,
+        now: Time,
+        agreement: &Agreement,
+        total_weight: f64,
+        work: Work,
+    ) -> RoundRecord {
+        RoundRecord {
+            round,
+            time_s: now.as_secs_f64(),
+            live_peers: agreement.peers,
+            consensus_error: agreement.consensus_error,
+            average_error: agreement.reference_error,
+            total_weight,
+            min_weight: agreement.min_weight,
+            steps: work.steps,
+            samples: work.samples,
+            bytes_sent: work.bytes_sent,
+        }
+    }
+}
+
+/// What a swarm has done by the time of a record, all peers together.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Work {
+    /// Local steps completed.
+    pub(crate) steps: u64,
+    /// Training samples processed.
+    pub(crate) samples: u64,
+    /// Bytes put on the wire.
+    pub(crate) bytes_sent: u64,
 }
 
 /// Totals of a run.

@@ -1,20 +1,122 @@
 //! What the synchronous training modes (butterfly, sync-ring) share: the clock and event
-//! queue, the network, the churn schedule, and the records and report of a run.
+//! queue, the network, the churn schedule, and the records and report of a run; the life
+//! of a peer as far as it does not depend on the averaging (local steps, the download of
+//! the parameters when it joins); and the event loop.
+//!
+//! Each mode wraps the shared [`RunEvent`]s in its own event type, handles them with
+//! [`TrainingRun::handle`], and carries out the [`Lifecycle`] events it gets back.
 
 use std::time::Duration;
 
-use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
 
 use crate::Time;
 
+use super::error::SimError;
 use super::learner::{self, Learner};
 use super::metrics::{self, MassView};
-use super::network::Network;
+use super::network::{Departure, Network};
 use super::queue::{EventQueue, Lane};
-use super::report::{AveragingTally, RoundRecord, SimReport, SimSummary};
+use super::report::{AveragingTally, RoundRecord, SimReport, SimSummary, Work};
 use super::scenario::{ChurnEvent, Scenario};
 use super::schedule::expand_churn;
+
+/// Bytes per parameter in a state download (`f32`).
+const PARAM_BYTES: usize = 4;
+
+/// Where a peer of a training swarm is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// A joiner downloading the parameters.
+    Syncing,
+    Live,
+    /// Finishes the averaging it is in, then goes.
+    Leaving,
+    Gone,
+}
+
+impl Status {
+    /// Whether the peer trains: live or leaving, not downloading.
+    pub(crate) fn trains(self) -> bool {
+        matches!(self, Status::Live | Status::Leaving)
+    }
+}
+
+/// The events every training swarm has, whatever its averaging; a swarm's own event type
+/// wraps them (`From<RunEvent>`).
+#[derive(Debug)]
+pub(crate) enum RunEvent {
+    /// Peer `peer` finished its local step.
+    StepDone { peer: u32 },
+    /// Churn event `index` of the run's schedule is due.
+    Churn { index: u32 },
+    /// The first byte of `source`'s parameters reaches joiner `peer`.
+    StateReach {
+        peer: u32,
+        source: u32,
+        departure: Departure,
+    },
+    /// Joiner `peer` has downloaded `source`'s parameters.
+    Synced { peer: u32, source: u32 },
+    /// The record of `round` is due.
+    Record { round: u64 },
+}
+
+/// A run event that changes a peer's life, for the swarm to carry out.
+#[derive(Debug)]
+pub(crate) enum Lifecycle {
+    /// Peer `peer` finished its local step.
+    StepDone { peer: u32 },
+    /// A join, leave or crash is due.
+    Churn(ChurnEvent),
+    /// Joiner `peer` has downloaded `source`'s parameters.
+    Synced { peer: u32, source: u32 },
+}
+
+/// A peer of a training swarm, as the shared run sees it.
+pub(crate) trait TrainingPeer {
+    /// Where the peer is in its life, and its trainer.
+    fn trainer(&self) -> (Status, &Learner);
+}
+
+/// A training swarm: a run of its own events `E`, and how it handles each.
+pub(crate) trait TrainingSwarm<E> {
+    /// Handles one event at the run's current time.
+    fn dispatch(&mut self, event: E) -> Result<(), SimError>;
+    /// The shared half of the swarm.
+    fn training_run(&mut self) -> &mut TrainingRun<E>;
+}
+
+/// Runs every event of `swarm` due at or before `until`.
+pub(crate) fn run_until<E, S: TrainingSwarm<E>>(
+    swarm: &mut S,
+    until: Time,
+) -> Result<(), SimError> {
+    while let Some((at, event)) = swarm.training_run().queue.pop_until(until) {
+        swarm.training_run().now = at;
+        swarm.dispatch(event)?;
+    }
+    let run = swarm.training_run();
+    run.now = run.now.max(until);
+    Ok(())
+}
+
+/// Peer `id` of `peers`, unless it is unknown or already gone: one a crash can hit.
+pub(crate) fn crashable<P: TrainingPeer>(peers: &mut [P], id: u32) -> Option<&mut P> {
+    peers
+        .get_mut(id as usize)
+        .filter(|peer| peer.trainer().0 != Status::Gone)
+}
+
+/// The parameters of the peers that train: live or leaving, not downloading.
+pub(crate) fn live_params<P: TrainingPeer>(peers: &[P]) -> impl Iterator<Item = &[f32]> + Clone {
+    peers
+        .iter()
+        .map(TrainingPeer::trainer)
+        .filter(|(status, _)| status.trains())
+        .map(|(_, learner)| learner.params())
+}
 
 /// The shared half of a training swarm, generic over the swarm's events.
 #[derive(Debug)]
@@ -35,14 +137,10 @@ pub(crate) struct TrainingRun<E> {
     records: Vec<RoundRecord>,
 }
 
-impl<E> TrainingRun<E> {
-    /// The run of `scenario` at time zero and its founding learners. Queues the churn
-    /// (as `churn(index)`) and the first record (as `record(0)`).
-    pub(crate) fn new(
-        scenario: &Scenario,
-        churn_event: impl Fn(u32) -> E,
-        record: impl Fn(u64) -> E,
-    ) -> (TrainingRun<E>, Vec<Learner>) {
+impl<E: From<RunEvent>> TrainingRun<E> {
+    /// The run of `scenario` at time zero and its founding learners. Queues the churn and
+    /// the first record.
+    pub(crate) fn new(scenario: &Scenario) -> (TrainingRun<E>, Vec<Learner>) {
         let mut rng = Xoshiro256PlusPlus::seed_from_u64(scenario.seed);
         let learners = learner::founders(scenario, &mut rng);
         let (initial_average, initial_spread) =
@@ -58,24 +156,106 @@ impl<E> TrainingRun<E> {
             tally: AveragingTally::default(),
             round_nanos: scenario.round_nanos(),
             initial_average,
-            // A swarm that starts in agreement has nothing to converge; measure in absolute terms.
-            initial_spread: if initial_spread > 0.0 {
-                initial_spread
-            } else {
-                1.0
-            },
+            initial_spread: metrics::error_scale(initial_spread),
             held_average: vec![0.0; scenario.vector_len],
             records: Vec::new(),
             scenario: scenario.clone(),
         };
         for index in 0..run.churn.len() {
             let at = Time::from_secs_f64(run.churn[index].at_ms() * 1e-3);
-            run.queue.push(at, Lane::Normal, churn_event(index as u32));
+            let index = index as u32;
+            run.queue
+                .push(at, Lane::Normal, E::from(RunEvent::Churn { index }));
         }
-        run.queue.push(Time::ZERO, Lane::Late, record(0));
+        run.queue.push(
+            Time::ZERO,
+            Lane::Late,
+            E::from(RunEvent::Record { round: 0 }),
+        );
         (run, learners)
     }
 
+    /// Carries out what `event` asks of the run itself (a download's arrival, a record of
+    /// `peers`) and returns what it asks of the swarm.
+    pub(crate) fn handle<P: TrainingPeer>(
+        &mut self,
+        event: RunEvent,
+        peers: &[P],
+    ) -> Option<Lifecycle> {
+        match event {
+            RunEvent::StepDone { peer } => Some(Lifecycle::StepDone { peer }),
+            RunEvent::Churn { index } => self
+                .churn
+                .get(index as usize)
+                .cloned()
+                .map(Lifecycle::Churn),
+            RunEvent::StateReach {
+                peer,
+                source,
+                departure,
+            } => {
+                // The first byte reached the joiner; the rest crosses its downlink.
+                let arrival = self
+                    .network
+                    .arrive(&departure, peer as usize, &mut self.rng);
+                let synced = RunEvent::Synced { peer, source };
+                self.queue.push(arrival, Lane::Normal, E::from(synced));
+                None
+            }
+            RunEvent::Synced { peer, source } => Some(Lifecycle::Synced { peer, source }),
+            RunEvent::Record { round } => {
+                self.record(round, live_params(peers));
+                None
+            }
+        }
+    }
+
+    /// Starts peer `id`'s next local step on `learner`.
+    pub(crate) fn start_step(&mut self, id: u32, learner: &mut Learner) {
+        learner.begin_step();
+        let at = self.now + learner.step_duration(&self.scenario.compute, &mut self.rng);
+        self.queue
+            .push(at, Lane::Normal, E::from(RunEvent::StepDone { peer: id }));
+    }
+
+    /// Starts joiner `id`'s download of the parameters from a live peer chosen at random.
+    /// When no peer can serve it, returns fresh parameters for the joiner to train alone
+    /// from instead.
+    pub(crate) fn download<P: TrainingPeer>(&mut self, id: u32, peers: &[P]) -> Option<Vec<f32>> {
+        let sources: Vec<u32> = (0..peers.len() as u32)
+            .filter(|&p| p != id && peers[p as usize].trainer().0 == Status::Live)
+            .collect();
+        if sources.is_empty() {
+            let len = self.scenario.vector_len;
+            return Some(learner::random_vector(&mut self.rng, &self.scenario, len));
+        }
+        let source = sources[self.rng.random_range(0..sources.len())];
+        let bytes = self.scenario.vector_len * PARAM_BYTES;
+        let departure = self.network.depart(self.now, source as usize, bytes);
+        let event = RunEvent::StateReach {
+            peer: id,
+            source,
+            departure,
+        };
+        self.queue
+            .push(departure.reaches, Lane::Normal, E::from(event));
+        None
+    }
+
+    /// Takes the record of `round` and queues the next one, if any.
+    fn record<'a>(&mut self, round: u64, params: impl Iterator<Item = &'a [f32]> + Clone) {
+        let record = self.measure(round, params);
+        self.records.push(record);
+        let next = round + self.scenario.record_every;
+        if next <= self.scenario.rounds {
+            let at = self.round_end(next);
+            self.queue
+                .push(at, Lane::Late, E::from(RunEvent::Record { round: next }));
+        }
+    }
+}
+
+impl<E> TrainingRun<E> {
     /// The end of round `round` in virtual time.
     pub(crate) fn round_end(&self, round: u64) -> Time {
         Time::from_nanos(round.saturating_mul(self.round_nanos))
@@ -112,30 +292,12 @@ impl<E> TrainingRun<E> {
             self.initial_spread,
             &mut self.held_average,
         );
-        RoundRecord {
-            round,
-            time_s: self.now.as_secs_f64(),
-            live_peers: agreement.peers,
-            consensus_error: agreement.consensus_error,
-            average_error: agreement.reference_error,
-            total_weight: agreement.weight,
-            min_weight: agreement.min_weight,
+        let work = Work {
             steps: self.steps,
             samples: self.samples(),
             bytes_sent: self.network.bytes_sent(),
-        }
-    }
-
-    /// Takes the record of `round` and returns the next record's round and time, if any.
-    pub(crate) fn record<'a>(
-        &mut self,
-        round: u64,
-        params: impl Iterator<Item = &'a [f32]> + Clone,
-    ) -> Option<(u64, Time)> {
-        let record = self.measure(round, params);
-        self.records.push(record);
-        let next = round + self.scenario.record_every;
-        (next <= self.scenario.rounds).then(|| (next, self.round_end(next)))
+        };
+        RoundRecord::new(round, self.now, &agreement, agreement.weight, work)
     }
 
     /// The report of the run so far.

@@ -1,22 +1,15 @@
 //! Joins, leaves and crashes in a simulated butterfly swarm.
 
-use rand::RngExt;
-
 use crate::sim::error::SimError;
 use crate::sim::learner;
 use crate::sim::queue::Lane;
 use crate::sim::scenario::ChurnEvent;
+use crate::sim::training_run::crashable;
 
 use super::{ButterflySwarm, Change, Event, Peer, Phase, Status};
 
-/// Bytes per parameter in a state download (`f32`).
-const PARAM_BYTES: usize = 4;
-
 impl ButterflySwarm {
-    pub(super) fn on_churn(&mut self, index: usize) -> Result<(), SimError> {
-        let Some(event) = self.run.churn.get(index).cloned() else {
-            return Ok(());
-        };
+    pub(super) fn on_churn(&mut self, event: ChurnEvent) -> Result<(), SimError> {
         match event {
             ChurnEvent::Join { .. } => {
                 let id = self.peers.len() as u32;
@@ -43,12 +36,9 @@ impl ButterflySwarm {
             }
             ChurnEvent::Crash { peer: id, .. } => {
                 let now = self.run.now;
-                let Some(peer) = self.peers.get_mut(id as usize) else {
+                let Some(peer) = crashable(&mut self.peers, id) else {
                     return Ok(());
                 };
-                if peer.status == Status::Gone {
-                    return Ok(());
-                }
                 let counted = peer.status != Status::Syncing;
                 peer.status = Status::Gone;
                 peer.crashed_at = Some(now);
@@ -100,33 +90,11 @@ impl ButterflySwarm {
 
     /// Starts joiner `id`'s download of the parameters from a live peer chosen at random.
     fn download(&mut self, id: u32) {
-        let sources: Vec<u32> = (0..self.peers.len() as u32)
-            .filter(|&p| p != id && self.peers[p as usize].status == Status::Live)
-            .collect();
-        if sources.is_empty() {
+        if let Some(own) = self.run.download(id, &self.peers) {
             // Nobody to download from: the joiner trains alone from its own parameters.
-            let peer = &mut self.peers[id as usize];
-            let own = learner::random_vector(
-                &mut self.run.rng,
-                &self.run.scenario,
-                self.run.scenario.vector_len,
-            );
-            peer.learner.adopt(&own);
+            self.peers[id as usize].learner.adopt(&own);
             self.begin_training(id, self.announced + 1);
-            return;
         }
-        let source = sources[self.run.rng.random_range(0..sources.len())];
-        let bytes = self.run.scenario.vector_len * PARAM_BYTES;
-        let departure = self
-            .run
-            .network
-            .depart(self.run.now, source as usize, bytes);
-        let event = Event::StateReach {
-            peer: id,
-            source,
-            departure,
-        };
-        self.run.queue.push(departure.reaches, Lane::Normal, event);
     }
 
     /// The download reached joiner `id`: it takes the parameters its source holds now and
@@ -137,10 +105,7 @@ impl ButterflySwarm {
         if self.peers[id as usize].status != Status::Syncing {
             return Ok(());
         }
-        if !matches!(
-            self.peers[source as usize].status,
-            Status::Live | Status::Leaving
-        ) {
+        if !self.peers[source as usize].status.trains() {
             // The source died mid-download: start over from another peer.
             self.download(id);
             return Ok(());

@@ -18,7 +18,9 @@ use super::queue::Lane;
 use super::report::{RoundRecord, SimReport};
 use super::scenario::{ChurnEvent, Scenario};
 use super::training::ButterflyTraining;
-use super::training_run::TrainingRun;
+use super::training_run::{
+    self, Lifecycle, RunEvent, Status, TrainingPeer, TrainingRun, TrainingSwarm, live_params,
+};
 
 /// A membership change as the swarm hears of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,16 +38,6 @@ enum Phase {
     Matching,
     /// In a round; a step in progress counts toward the next batch.
     Averaging,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
-    /// A joiner downloading the parameters.
-    Syncing,
-    Live,
-    /// Finishes the round it is in, then goes.
-    Leaving,
-    Gone,
 }
 
 /// What a chunk on the wire is.
@@ -73,9 +65,8 @@ struct Chunk {
 
 #[derive(Debug)]
 enum Event {
-    StepDone {
-        peer: u32,
-    },
+    /// What every training swarm has: steps, churn, downloads, records.
+    Run(RunEvent),
     /// Every peer hears that batch `epoch` is due.
     BatchDue {
         epoch: u64,
@@ -101,25 +92,16 @@ enum Event {
     Tick {
         peer: u32,
     },
-    Churn {
-        index: u32,
-    },
     Detected {
         subject: u32,
         change: Change,
     },
-    StateReach {
-        peer: u32,
-        source: u32,
-        departure: Departure,
-    },
-    Synced {
-        peer: u32,
-        source: u32,
-    },
-    Record {
-        round: u64,
-    },
+}
+
+impl From<RunEvent> for Event {
+    fn from(event: RunEvent) -> Event {
+        Event::Run(event)
+    }
 }
 
 #[derive(Debug)]
@@ -197,11 +179,7 @@ impl ButterflySwarm {
     ) -> Result<ButterflySwarm, SimError> {
         scenario.validate()?;
         training.validate()?;
-        let (run, learners) = TrainingRun::new(
-            scenario,
-            |index| Event::Churn { index },
-            |round| Event::Record { round },
-        );
+        let (run, learners) = TrainingRun::new(scenario);
         let mut peers = Vec::with_capacity(learners.len());
         for (id, learner) in learners.into_iter().enumerate() {
             peers.push(Peer::new(
@@ -239,12 +217,7 @@ impl ButterflySwarm {
 
     /// Runs every event due at or before `until`.
     pub fn run_until(&mut self, until: Time) -> Result<(), SimError> {
-        while let Some((at, event)) = self.run.queue.pop_until(until) {
-            self.run.now = at;
-            self.dispatch(event)?;
-        }
-        self.run.now = self.run.now.max(until);
-        Ok(())
+        training_run::run_until(self, until)
     }
 
     /// Runs the scenario's rounds to the end and reports.
@@ -293,93 +266,26 @@ impl ButterflySwarm {
 
     /// The report of the run so far.
     pub fn report(&self) -> SimReport {
-        let live = self
-            .peers
-            .iter()
-            .filter(|peer| matches!(peer.status, Status::Live | Status::Leaving))
-            .count();
+        let live = live_params(&self.peers).count();
         self.run.report("butterfly", live)
     }
 
     fn training_peer(&self, id: u32) -> Option<&Peer> {
         self.peers
             .get(id as usize)
-            .filter(|peer| matches!(peer.status, Status::Live | Status::Leaving))
-    }
-
-    fn dispatch(&mut self, event: Event) -> Result<(), SimError> {
-        match event {
-            Event::StepDone { peer } => self.on_step_done(peer),
-            Event::BatchDue { epoch } => {
-                for id in 0..self.peers.len() as u32 {
-                    let peer = &mut self.peers[id as usize];
-                    if matches!(peer.status, Status::Live | Status::Leaving) {
-                        peer.heard_due = peer.heard_due.max(epoch);
-                        self.maybe_look(id)?;
-                    }
-                }
-                Ok(())
-            }
-            Event::Gossip { subject, looking } => self.on_gossip(subject, looking),
-            Event::Control { to, input } => self.feed_matchmaker(to, input),
-            Event::Reach(chunk) => {
-                self.on_reach(chunk);
-                Ok(())
-            }
-            Event::Arrive(chunk) => self.on_arrive(chunk),
-            Event::Sent {
-                peer,
-                group_id,
-                to,
-                payload,
-            } => self.on_sent(peer, group_id, to, payload),
-            Event::Tick { peer } => self.on_tick(peer),
-            Event::Churn { index } => self.on_churn(index as usize),
-            Event::Detected { subject, change } => self.on_detected(subject, change),
-            Event::StateReach {
-                peer,
-                source,
-                departure,
-            } => {
-                let arrival = self
-                    .run
-                    .network
-                    .arrive(&departure, peer as usize, &mut self.run.rng);
-                self.run
-                    .queue
-                    .push(arrival, Lane::Normal, Event::Synced { peer, source });
-                Ok(())
-            }
-            Event::Synced { peer, source } => self.on_synced(peer, source),
-            Event::Record { round } => {
-                let params = live_params(&self.peers);
-                if let Some((next, at)) = self.run.record(round, params) {
-                    self.run
-                        .queue
-                        .push(at, Lane::Late, Event::Record { round: next });
-                }
-                Ok(())
-            }
-        }
+            .filter(|peer| peer.status.trains())
     }
 
     fn start_step(&mut self, id: u32) {
         let peer = &mut self.peers[id as usize];
         peer.stepping = true;
-        peer.learner.begin_step();
-        let at = self.run.now
-            + peer
-                .learner
-                .step_duration(&self.run.scenario.compute, &mut self.run.rng);
-        self.run
-            .queue
-            .push(at, Lane::Normal, Event::StepDone { peer: id });
+        self.run.start_step(id, &mut peer.learner);
     }
 
     fn on_step_done(&mut self, id: u32) -> Result<(), SimError> {
         let samples = self.run.scenario.compute.samples_per_step;
         let peer = &mut self.peers[id as usize];
-        if !matches!(peer.status, Status::Live | Status::Leaving) {
+        if !peer.status.trains() {
             return Ok(());
         }
         peer.stepping = false;
@@ -414,6 +320,48 @@ impl ButterflySwarm {
     }
 }
 
+impl TrainingSwarm<Event> for ButterflySwarm {
+    fn dispatch(&mut self, event: Event) -> Result<(), SimError> {
+        match event {
+            Event::BatchDue { epoch } => {
+                for id in 0..self.peers.len() as u32 {
+                    let peer = &mut self.peers[id as usize];
+                    if peer.status.trains() {
+                        peer.heard_due = peer.heard_due.max(epoch);
+                        self.maybe_look(id)?;
+                    }
+                }
+                Ok(())
+            }
+            Event::Gossip { subject, looking } => self.on_gossip(subject, looking),
+            Event::Control { to, input } => self.feed_matchmaker(to, input),
+            Event::Reach(chunk) => {
+                self.on_reach(chunk);
+                Ok(())
+            }
+            Event::Arrive(chunk) => self.on_arrive(chunk),
+            Event::Sent {
+                peer,
+                group_id,
+                to,
+                payload,
+            } => self.on_sent(peer, group_id, to, payload),
+            Event::Tick { peer } => self.on_tick(peer),
+            Event::Detected { subject, change } => self.on_detected(subject, change),
+            Event::Run(event) => match self.run.handle(event, &self.peers) {
+                Some(Lifecycle::StepDone { peer }) => self.on_step_done(peer),
+                Some(Lifecycle::Churn(event)) => self.on_churn(event),
+                Some(Lifecycle::Synced { peer, source }) => self.on_synced(peer, source),
+                None => Ok(()),
+            },
+        }
+    }
+
+    fn training_run(&mut self) -> &mut TrainingRun<Event> {
+        &mut self.run
+    }
+}
+
 impl Peer {
     fn new(
         id: u32,
@@ -439,10 +387,8 @@ impl Peer {
     }
 }
 
-/// The parameters of the peers that train: live or leaving, not downloading.
-fn live_params(peers: &[Peer]) -> impl Iterator<Item = &[f32]> + Clone {
-    peers
-        .iter()
-        .filter(|peer| matches!(peer.status, Status::Live | Status::Leaving))
-        .map(|peer| peer.learner.params())
+impl TrainingPeer for Peer {
+    fn trainer(&self) -> (Status, &Learner) {
+        (self.status, &self.learner)
+    }
 }

@@ -1,22 +1,15 @@
 //! Joins, leaves and crashes in a simulated ring swarm.
 
-use rand::RngExt;
-
 use crate::sim::error::SimError;
 use crate::sim::learner;
 use crate::sim::queue::Lane;
 use crate::sim::scenario::ChurnEvent;
+use crate::sim::training_run::crashable;
 
 use super::{Event, Peer, RingSwarm, Status};
 
-/// Bytes per parameter in a state download (`f32`).
-const PARAM_BYTES: usize = 4;
-
 impl RingSwarm {
-    pub(super) fn on_churn(&mut self, index: usize) -> Result<(), SimError> {
-        let Some(event) = self.run.churn.get(index).cloned() else {
-            return Ok(());
-        };
+    pub(super) fn on_churn(&mut self, event: ChurnEvent) -> Result<(), SimError> {
         match event {
             ChurnEvent::Join { .. } => {
                 let id = self.peers.len() as u32;
@@ -35,12 +28,9 @@ impl RingSwarm {
             }
             ChurnEvent::Crash { peer: id, .. } => {
                 let now = self.run.now;
-                let Some(peer) = self.peers.get_mut(id as usize) else {
+                let Some(peer) = crashable(&mut self.peers, id) else {
                     return Ok(());
                 };
-                if peer.status == Status::Gone {
-                    return Ok(());
-                }
                 peer.status = Status::Gone;
                 peer.crashed_at = Some(now);
                 peer.machine = None;
@@ -55,31 +45,11 @@ impl RingSwarm {
 
     /// Starts joiner `id`'s download of the parameters from a live peer chosen at random.
     fn download(&mut self, id: u32) {
-        let sources: Vec<u32> = (0..self.peers.len() as u32)
-            .filter(|&p| p != id && self.peers[p as usize].status == Status::Live)
-            .collect();
-        if sources.is_empty() {
-            let own = learner::random_vector(
-                &mut self.run.rng,
-                &self.run.scenario,
-                self.run.scenario.vector_len,
-            );
+        if let Some(own) = self.run.download(id, &self.peers) {
+            // Nobody to download from: the joiner trains alone from its own parameters.
             self.peers[id as usize].learner.adopt(&own);
             self.begin_training(id);
-            return;
         }
-        let source = sources[self.run.rng.random_range(0..sources.len())];
-        let bytes = self.run.scenario.vector_len * PARAM_BYTES;
-        let departure = self
-            .run
-            .network
-            .depart(self.run.now, source as usize, bytes);
-        let event = Event::StateReach {
-            peer: id,
-            source,
-            departure,
-        };
-        self.run.queue.push(departure.reaches, Lane::Normal, event);
     }
 
     pub(super) fn on_synced(&mut self, id: u32, source: u32) -> Result<(), SimError> {

@@ -20,18 +20,12 @@ use super::queue::Lane;
 use super::report::{RoundRecord, SimReport};
 use super::scenario::{ChurnEvent, Scenario};
 use super::training::RingTraining;
-use super::training_run::TrainingRun;
+use super::training_run::{
+    self, Lifecycle, RunEvent, Status, TrainingPeer, TrainingRun, TrainingSwarm, live_params,
+};
 
 /// Frozen rings kept behind the newest, for peers that lag a step or two behind.
 const RINGS_KEPT: u64 = 8;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Status {
-    Syncing,
-    Live,
-    Leaving,
-    Gone,
-}
 
 /// A segment on the wire.
 #[derive(Debug)]
@@ -46,9 +40,8 @@ struct Segment {
 
 #[derive(Debug)]
 enum Event {
-    StepDone {
-        peer: u32,
-    },
+    /// What every training swarm has: steps, churn, downloads, records.
+    Run(RunEvent),
     Reach(Segment),
     Arrive(Segment),
     Sent {
@@ -59,24 +52,15 @@ enum Event {
     Tick {
         peer: u32,
     },
-    Churn {
-        index: u32,
-    },
     CrashNoticed {
         subject: u32,
     },
-    StateReach {
-        peer: u32,
-        source: u32,
-        departure: Departure,
-    },
-    Synced {
-        peer: u32,
-        source: u32,
-    },
-    Record {
-        round: u64,
-    },
+}
+
+impl From<RunEvent> for Event {
+    fn from(event: RunEvent) -> Event {
+        Event::Run(event)
+    }
 }
 
 /// A step's ring and the deadline every member's all-reduce shares.
@@ -136,11 +120,7 @@ impl RingSwarm {
     pub fn new(scenario: &Scenario, training: &RingTraining) -> Result<RingSwarm, SimError> {
         scenario.validate()?;
         training.validate()?;
-        let (run, learners) = TrainingRun::new(
-            scenario,
-            |index| Event::Churn { index },
-            |round| Event::Record { round },
-        );
+        let (run, learners) = TrainingRun::new(scenario);
         let peers: Vec<Peer> = learners.into_iter().map(Peer::new).collect();
         let mut swarm = RingSwarm {
             learning_rate: learning_rate(scenario),
@@ -161,12 +141,7 @@ impl RingSwarm {
 
     /// Runs every event due at or before `until`.
     pub fn run_until(&mut self, until: Time) -> Result<(), SimError> {
-        while let Some((at, event)) = self.run.queue.pop_until(until) {
-            self.run.now = at;
-            self.dispatch(event)?;
-        }
-        self.run.now = self.run.now.max(until);
-        Ok(())
+        training_run::run_until(self, until)
     }
 
     /// Runs the scenario's rounds to the end and reports.
@@ -185,7 +160,7 @@ impl RingSwarm {
     pub fn parameters(&self, id: u32) -> Option<&[f32]> {
         self.peers
             .get(id as usize)
-            .filter(|peer| matches!(peer.status, Status::Live | Status::Leaving))
+            .filter(|peer| peer.status.trains())
             .map(|peer| peer.learner.params())
     }
 
@@ -211,107 +186,16 @@ impl RingSwarm {
         self.run.report("sync-ring", live)
     }
 
-    fn dispatch(&mut self, event: Event) -> Result<(), SimError> {
-        match event {
-            Event::StepDone { peer } => self.on_step_done(peer),
-            Event::Reach(segment) => {
-                let sender = &self.peers[segment.from as usize];
-                if sender
-                    .crashed_at
-                    .is_some_and(|at| at <= segment.departure.departs)
-                {
-                    self.spare_buffers.push(segment.payload);
-                    return Ok(());
-                }
-                let to = segment.to as usize;
-                let arrival = self
-                    .run
-                    .network
-                    .arrive(&segment.departure, to, &mut self.run.rng);
-                self.run
-                    .queue
-                    .push(arrival, Lane::Normal, Event::Arrive(segment));
-                Ok(())
-            }
-            Event::Arrive(segment) => self.on_arrive(segment),
-            Event::Sent {
-                peer,
-                step,
-                payload,
-            } => {
-                let now = self.run.now;
-                let sender = &mut self.peers[peer as usize];
-                if sender.status != Status::Gone
-                    && sender.step == step
-                    && let Some(machine) = sender.machine.as_mut()
-                {
-                    machine.handle(now, RingInput::Sent { payload })?;
-                    self.pump(peer)?;
-                }
-                Ok(())
-            }
-            Event::Tick { peer } => {
-                let now = self.run.now;
-                let sim_peer = &mut self.peers[peer as usize];
-                if sim_peer.status == Status::Gone || sim_peer.armed != Some(now) {
-                    return Ok(());
-                }
-                sim_peer.armed = None;
-                if let Some(machine) = sim_peer.machine.as_mut() {
-                    machine.handle(now, RingInput::Tick)?;
-                    self.pump(peer)?;
-                }
-                Ok(())
-            }
-            Event::Churn { index } => self.on_churn(index as usize),
-            Event::CrashNoticed { subject } => {
-                self.members.remove(&subject);
-                Ok(())
-            }
-            Event::StateReach {
-                peer,
-                source,
-                departure,
-            } => {
-                let arrival = self
-                    .run
-                    .network
-                    .arrive(&departure, peer as usize, &mut self.run.rng);
-                self.run
-                    .queue
-                    .push(arrival, Lane::Normal, Event::Synced { peer, source });
-                Ok(())
-            }
-            Event::Synced { peer, source } => self.on_synced(peer, source),
-            Event::Record { round } => {
-                let params = live_params(&self.peers);
-                if let Some((next, at)) = self.run.record(round, params) {
-                    self.run
-                        .queue
-                        .push(at, Lane::Late, Event::Record { round: next });
-                }
-                Ok(())
-            }
-        }
-    }
-
     fn start_step(&mut self, id: u32) {
         let peer = &mut self.peers[id as usize];
-        peer.learner.begin_step();
-        let at = self.run.now
-            + peer
-                .learner
-                .step_duration(&self.run.scenario.compute, &mut self.run.rng);
-        self.run
-            .queue
-            .push(at, Lane::Normal, Event::StepDone { peer: id });
+        self.run.start_step(id, &mut peer.learner);
     }
 
     fn on_step_done(&mut self, id: u32) -> Result<(), SimError> {
         let now = self.run.now;
         let samples = self.run.scenario.compute.samples_per_step;
         let peer = &mut self.peers[id as usize];
-        if !matches!(peer.status, Status::Live | Status::Leaving) {
+        if !peer.status.trains() {
             return Ok(());
         }
         peer.learner.end_step(samples);
@@ -521,6 +405,76 @@ impl RingSwarm {
     }
 }
 
+impl TrainingSwarm<Event> for RingSwarm {
+    fn dispatch(&mut self, event: Event) -> Result<(), SimError> {
+        match event {
+            Event::Reach(segment) => {
+                let sender = &self.peers[segment.from as usize];
+                if sender
+                    .crashed_at
+                    .is_some_and(|at| at <= segment.departure.departs)
+                {
+                    self.spare_buffers.push(segment.payload);
+                    return Ok(());
+                }
+                let to = segment.to as usize;
+                let arrival = self
+                    .run
+                    .network
+                    .arrive(&segment.departure, to, &mut self.run.rng);
+                self.run
+                    .queue
+                    .push(arrival, Lane::Normal, Event::Arrive(segment));
+                Ok(())
+            }
+            Event::Arrive(segment) => self.on_arrive(segment),
+            Event::Sent {
+                peer,
+                step,
+                payload,
+            } => {
+                let now = self.run.now;
+                let sender = &mut self.peers[peer as usize];
+                if sender.status != Status::Gone
+                    && sender.step == step
+                    && let Some(machine) = sender.machine.as_mut()
+                {
+                    machine.handle(now, RingInput::Sent { payload })?;
+                    self.pump(peer)?;
+                }
+                Ok(())
+            }
+            Event::Tick { peer } => {
+                let now = self.run.now;
+                let sim_peer = &mut self.peers[peer as usize];
+                if sim_peer.status == Status::Gone || sim_peer.armed != Some(now) {
+                    return Ok(());
+                }
+                sim_peer.armed = None;
+                if let Some(machine) = sim_peer.machine.as_mut() {
+                    machine.handle(now, RingInput::Tick)?;
+                    self.pump(peer)?;
+                }
+                Ok(())
+            }
+            Event::CrashNoticed { subject } => {
+                self.members.remove(&subject);
+                Ok(())
+            }
+            Event::Run(event) => match self.run.handle(event, &self.peers) {
+                Some(Lifecycle::StepDone { peer }) => self.on_step_done(peer),
+                Some(Lifecycle::Churn(event)) => self.on_churn(event),
+                Some(Lifecycle::Synced { peer, source }) => self.on_synced(peer, source),
+                None => Ok(()),
+            },
+        }
+    }
+
+    fn training_run(&mut self) -> &mut TrainingRun<Event> {
+        &mut self.run
+    }
+}
+
 impl Peer {
     fn new(learner: Learner) -> Peer {
         Peer {
@@ -537,10 +491,8 @@ impl Peer {
     }
 }
 
-/// The parameters of the peers that train: live or leaving, not downloading.
-fn live_params(peers: &[Peer]) -> impl Iterator<Item = &[f32]> + Clone {
-    peers
-        .iter()
-        .filter(|peer| matches!(peer.status, Status::Live | Status::Leaving))
-        .map(|peer| peer.learner.params())
+impl TrainingPeer for Peer {
+    fn trainer(&self) -> (Status, &Learner) {
+        (self.status, &self.learner)
+    }
 }

@@ -15,7 +15,6 @@ impl SgpSwarm {
         let Some(event) = self.churn.get(index).cloned() else {
             return Ok(());
         };
-        let detect = Duration::from_secs_f64(self.scenario.link.detect_ms * 1e-3);
         match event {
             ChurnEvent::Join { .. } => {
                 let id = self.peers.len() as u32;
@@ -30,28 +29,10 @@ impl SgpSwarm {
                     Workload::Consensus => Vec::new(),
                     Workload::Quadratic { .. } => random_vector(&mut self.rng, &self.scenario, len),
                 };
-                let gradient = vec![0.0; target.len()];
-                self.peers.push(SimPeer {
-                    machine: Some(machine),
-                    status: Status::Live,
-                    slowdown: 1.0,
-                    sign_flip_scale: None,
-                    armed: None,
-                    target,
-                    gradient,
-                });
+                self.peers.push(SimPeer::live(machine, target));
                 self.network.add_peer();
                 self.live.insert(id);
-                let at = self.now + detect;
-                let change = Change::Joined;
-                self.queue.push(
-                    at,
-                    Lane::Normal,
-                    Event::Announce {
-                        subject: id,
-                        change,
-                    },
-                );
+                self.announce_later(id, Change::Joined);
             }
             ChurnEvent::Leave { peer: id, .. } => {
                 let Some(peer) = self.peers.get_mut(id as usize) else {
@@ -63,16 +44,7 @@ impl SgpSwarm {
                 peer.status = Status::Leaving;
                 self.live.remove(id);
                 self.feed(id, SgpInput::Leave)?;
-                let at = self.now + detect;
-                let change = Change::Left;
-                self.queue.push(
-                    at,
-                    Lane::Normal,
-                    Event::Announce {
-                        subject: id,
-                        change,
-                    },
-                );
+                self.announce_later(id, Change::Left);
             }
             ChurnEvent::Crash { peer: id, .. } => {
                 let Some(peer) = self.peers.get_mut(id as usize) else {
@@ -84,19 +56,17 @@ impl SgpSwarm {
                 self.crashed_weight += machine.state().weight();
                 peer.status = Status::Gone;
                 self.live.remove(id);
-                let at = self.now + detect;
-                let change = Change::Crashed;
-                self.queue.push(
-                    at,
-                    Lane::Normal,
-                    Event::Announce {
-                        subject: id,
-                        change,
-                    },
-                );
+                self.announce_later(id, Change::Crashed);
             }
         }
         Ok(())
+    }
+
+    /// The swarm hears of `subject`'s `change` once it notices, `link.detect_ms` from now.
+    fn announce_later(&mut self, subject: u32, change: Change) {
+        let at = self.now + Duration::from_secs_f64(self.scenario.link.detect_ms * 1e-3);
+        let event = Event::Announce { subject, change };
+        self.queue.push(at, Lane::Normal, event);
     }
 
     pub(super) fn announce(&mut self, subject: u32, change: Change) -> Result<(), SimError> {

@@ -13,7 +13,7 @@ use super::learner::{random_vector, step_duration};
 use super::metrics::{self, MassView};
 use super::network::{Departure, Network};
 use super::queue::{EventQueue, Lane};
-use super::report::{RoundRecord, SimReport, SimSummary};
+use super::report::{RoundRecord, SimReport, SimSummary, Work};
 use super::scenario::{ChurnEvent, Scenario, Workload};
 use super::schedule::expand_churn;
 
@@ -64,6 +64,21 @@ struct SimPeer {
     /// Quadratic workload: this peer's optimum `b_i` and the gradient of its current step.
     target: Vec<f32>,
     gradient: Vec<f32>,
+}
+
+impl SimPeer {
+    /// A live, honest peer at full speed running `machine`, with optimum `target`.
+    fn live(machine: SgpPeer<u32>, target: Vec<f32>) -> SimPeer {
+        SimPeer {
+            machine: Some(machine),
+            status: Status::Live,
+            slowdown: 1.0,
+            sign_flip_scale: None,
+            armed: None,
+            gradient: vec![0.0; target.len()],
+            target,
+        }
+    }
 }
 
 /// A share on the wire.
@@ -126,16 +141,8 @@ impl SgpSwarm {
                 Workload::Consensus => Vec::new(),
                 Workload::Quadratic { .. } => initial.clone(),
             };
-            let gradient = vec![0.0; target.len()];
-            peers.push(SimPeer {
-                machine: Some(SgpPeer::new(id, founders.clone(), initial, config.clone())?),
-                status: Status::Live,
-                slowdown: 1.0,
-                sign_flip_scale: None,
-                armed: None,
-                target,
-                gradient,
-            });
+            let machine = SgpPeer::new(id, founders.clone(), initial, config.clone())?;
+            peers.push(SimPeer::live(machine, target));
         }
         for straggler in &scenario.compute.stragglers {
             if let Some(peer) = peers.get_mut(straggler.peer as usize) {
@@ -169,12 +176,7 @@ impl SgpSwarm {
             now: Time::ZERO,
             round_nanos: scenario.round_nanos(),
             initial_average,
-            // A swarm that starts in agreement has nothing to converge; measure in absolute terms.
-            initial_spread: if initial_spread > 0.0 {
-                initial_spread
-            } else {
-                1.0
-            },
+            initial_spread: metrics::error_scale(initial_spread),
             initial_weight: n as f64,
             crashed_weight: 0.0,
             dropped_weight: 0.0,
@@ -295,18 +297,12 @@ impl SgpSwarm {
             self.initial_spread,
             &mut self.held_average,
         );
-        RoundRecord {
-            round,
-            time_s: self.now.as_secs_f64(),
-            live_peers: agreement.peers,
-            consensus_error: agreement.consensus_error,
-            average_error: agreement.reference_error,
-            total_weight: self.total_weight(),
-            min_weight: agreement.min_weight,
+        let work = Work {
             steps: self.steps,
             samples: self.steps * self.scenario.compute.samples_per_step,
             bytes_sent: self.network.bytes_sent(),
-        }
+        };
+        RoundRecord::new(round, self.now, &agreement, self.total_weight(), work)
     }
 
     /// The report of the run so far.
