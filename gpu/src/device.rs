@@ -146,10 +146,7 @@ pub fn detect() -> DeviceReport {
 
 /// As [`detect`], for the GPU with the given ordinal.
 pub fn detect_ordinal(ordinal: usize) -> DeviceReport {
-    // SAFETY: `is_culib_present` only tries to open the candidate library names and closes
-    // what it opened; it touches no other cudarc state, and is the one call that is safe to
-    // make without a driver.
-    if !unsafe { sys::is_culib_present() } {
+    if !driver_library_present() {
         return DeviceReport::Cpu {
             reason: CudaUnavailable::NoDriverLibrary,
         };
@@ -163,8 +160,7 @@ pub fn detect_ordinal(ordinal: usize) -> DeviceReport {
         Ok(device) => device,
         Err(reason) => return DeviceReport::Cpu { reason },
     };
-    // SAFETY: as for the driver library above: this only opens and closes candidate names.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+    if !nvrtc_library_present() {
         return DeviceReport::Cpu {
             reason: CudaUnavailable::NoNvrtc {
                 device: device.to_string(),
@@ -172,6 +168,35 @@ pub fn detect_ordinal(ordinal: usize) -> DeviceReport {
         };
     }
     DeviceReport::Cuda(device)
+}
+
+/// Whether the CUDA driver library (`libcuda.so`) can be opened.
+#[cfg(not(feature = "link-cuda"))]
+fn driver_library_present() -> bool {
+    // SAFETY: `is_culib_present` only tries to open the candidate library names and closes
+    // what it opened; it touches no other cudarc state, and is the one call that is safe to
+    // make without a driver.
+    unsafe { sys::is_culib_present() }
+}
+
+/// Whether NVRTC (`libnvrtc.so`) can be opened.
+#[cfg(not(feature = "link-cuda"))]
+fn nvrtc_library_present() -> bool {
+    // SAFETY: as for the driver library: this only opens and closes candidate names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// With `link-cuda` the dynamic loader resolved `libcuda.so` before `main` ran: a process
+/// without it never starts.
+#[cfg(feature = "link-cuda")]
+fn driver_library_present() -> bool {
+    true
+}
+
+/// With `link-cuda` NVRTC is linked like the driver library.
+#[cfg(feature = "link-cuda")]
+fn nvrtc_library_present() -> bool {
+    true
 }
 
 /// Initializes the driver and reads the device's properties. Creates no context, so it

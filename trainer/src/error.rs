@@ -153,6 +153,38 @@ pub enum ExportError {
     },
 }
 
+/// The device a model should run on cannot be named or opened.
+#[derive(Debug, Error)]
+pub enum DeviceError {
+    /// The device's name is not `cpu`, `cuda` or `cuda:N`.
+    #[error("unknown device `{text}`: use `cpu`, `cuda` (GPU 0) or `cuda:N`")]
+    Unknown {
+        /// The name given.
+        text: String,
+    },
+    /// A GPU was asked of a build without the `cuda` feature.
+    #[error(
+        "CUDA GPU {ordinal} requested, but this build has no CUDA backend; rebuild with \
+         `--features cuda` (see docs/gpu.md) or train on the CPU"
+    )]
+    NotBuilt {
+        /// The GPU asked for.
+        ordinal: usize,
+    },
+    /// The CUDA driver or the GPU refused: no GPU, no such ordinal, a driver older than the
+    /// toolkit the kernels were built with, or no memory left.
+    #[error(
+        "cannot open CUDA GPU {ordinal}: {message}; check `nvidia-smi` (GPUs, driver's CUDA \
+         version) or train on the CPU"
+    )]
+    Open {
+        /// The GPU asked for.
+        ordinal: usize,
+        /// What candle or the driver reported.
+        message: String,
+    },
+}
+
 /// Anything the trainer can fail at.
 #[derive(Debug, Error)]
 pub enum TrainerError {
@@ -184,6 +216,9 @@ pub enum TrainerError {
     /// An export error.
     #[error(transparent)]
     Export(#[from] ExportError),
+    /// A device error.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
 }
 
 impl TrainerError {

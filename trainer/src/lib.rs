@@ -1,4 +1,5 @@
-//! murmur's built-in models, datasets and optimizers, on candle's CPU backend.
+//! murmur's built-in models, datasets and optimizers, on candle's CPU backend (or its CUDA
+//! backend, with the `cuda` feature).
 //!
 //! The crate is built around one contract with the daemon: **parameters live in one flat
 //! `Vec<f32>` the daemon owns.** Averaging (push-sum numerators, butterfly parts,
@@ -13,6 +14,9 @@
 //!   scaling with the swarm's batch.
 //! - [`data`] gives each peer its own training stream and every peer the same eval set.
 //! - [`export_safetensors`] writes the final model for any safetensors reader.
+//! - [`TrainerDevice`] picks where the model runs: the CPU, or a CUDA GPU in a build with the
+//!   `cuda` feature ([`Model::set_device`]). The parameters stay in the flat host vector
+//!   either way; a GPU step copies them in and the gradient out.
 //!
 //! [`TaskConfig`] gathers the config sections the daemon embeds in its TOML file;
 //! [`TaskPreset::default_local`] is the task `murmur local` trains by default.
@@ -33,6 +37,7 @@
 
 mod batch;
 pub mod data;
+mod device;
 mod error;
 mod export;
 mod layout;
@@ -45,7 +50,8 @@ mod threads;
 
 pub use batch::{Batch, BatchInputs};
 pub use data::{DataConfig, DataSource, Dataset, PeerSampling, open_dataset};
-pub use error::{ConfigError, DataError, ExportError, TrainerError};
+pub use device::TrainerDevice;
+pub use error::{ConfigError, DataError, DeviceError, ExportError, TrainerError};
 pub use export::export_safetensors;
 pub use layout::{Init, ParamLayout, TensorSpec};
 pub use model::{Activation, DataShape, Gpt, GptConfig, Mlp, MlpConfig, Model, ModelConfig};

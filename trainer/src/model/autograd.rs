@@ -3,7 +3,9 @@
 //! Each step turns the flat slice into one candle `Var` per tensor (a copy: the model sizes
 //! murmur trains on CPU are small next to the activations), runs the forward pass, calls
 //! `backward`, and copies each tensor's gradient back into the caller's flat gradient buffer
-//! without an intermediate `Vec`.
+//! without an intermediate `Vec`. On a GPU the same copies are the host-to-device and
+//! device-to-host transfers of the step (the gradient comes back through one host tensor per
+//! parameter tensor).
 
 use candle_core::backprop::GradStore;
 use candle_core::{D, Device, Storage, Tensor, Var};
@@ -64,9 +66,14 @@ impl ParamTensors {
     }
 }
 
-/// Copies an f32 CPU tensor into `out` (which must have its element count).
+/// Copies an f32 tensor into `out` (which must have its element count); a tensor on a GPU
+/// comes to the host first.
 pub(crate) fn copy_to_slice(tensor: &Tensor, out: &mut [f32]) -> Result<(), TrainerError> {
-    let tensor = tensor.contiguous()?;
+    let tensor = if tensor.device().is_cpu() {
+        tensor.contiguous()?
+    } else {
+        tensor.to_device(&Device::Cpu)?.contiguous()?
+    };
     let (storage, layout) = tensor.storage_and_layout();
     let Storage::Cpu(cpu) = &*storage else {
         return Err(TrainerError::BatchMismatch {

@@ -44,8 +44,15 @@ fn contiguous_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> candle_core::
 }
 
 /// Applies GELU to `x` (made contiguous first), recording a fused backward.
+///
+/// The fused op has a CPU kernel only; on a GPU this is candle's own `gelu`, the same tanh
+/// approximation, whose backward runs as device ops.
 pub(crate) fn apply(x: &Tensor) -> candle_core::Result<Tensor> {
-    x.contiguous()?.apply_op1(Gelu)
+    if x.device().is_cpu() {
+        x.contiguous()?.apply_op1(Gelu)
+    } else {
+        x.gelu()
+    }
 }
 
 /// The forward op.

@@ -173,6 +173,18 @@ impl Gpt {
         &self.layout
     }
 
+    /// The device the passes run on.
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs the passes on `device` from now on, moving the causal mask there.
+    pub(crate) fn set_device(&mut self, device: Device) -> Result<(), TrainerError> {
+        self.causal_mask = self.causal_mask.to_device(&device)?;
+        self.device = device;
+        Ok(())
+    }
+
     /// The vocabulary size of the embedding and output head.
     pub fn vocab(&self) -> usize {
         self.vocab

@@ -112,6 +112,17 @@ impl Mlp {
         &self.layout
     }
 
+    /// The device the passes run on.
+    pub(crate) fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Runs the passes on `device` from now on.
+    pub(crate) fn set_device(&mut self, device: Device) -> Result<(), TrainerError> {
+        self.device = device;
+        Ok(())
+    }
+
     /// Mean loss; gradient into `grad_out` when given.
     pub(crate) fn run(
         &self,

@@ -9,6 +9,7 @@ mod gelu;
 mod gpt;
 mod mlp;
 
+use candle_core::Device;
 use serde::Deserialize;
 
 pub use gpt::{Gpt, GptConfig};
@@ -112,6 +113,26 @@ impl Model {
     /// Number of parameters (the flat vector's length).
     pub fn param_count(&self) -> usize {
         self.layout().len()
+    }
+
+    /// The device the forward and backward passes run on (the CPU unless
+    /// [`Model::set_device`] moved the model).
+    pub fn device(&self) -> &Device {
+        match self {
+            Model::Mlp(m) => m.device(),
+            Model::Gpt(m) => m.device(),
+        }
+    }
+
+    /// Runs the model's passes on `device` from now on (see [`crate::TrainerDevice::open`]).
+    ///
+    /// The parameters stay in the caller's flat host vector: each step copies them to the
+    /// device and the gradient back, so averaging and the optimizer never see device memory.
+    pub fn set_device(&mut self, device: Device) -> Result<(), TrainerError> {
+        match self {
+            Model::Mlp(m) => m.set_device(device),
+            Model::Gpt(m) => m.set_device(device),
+        }
     }
 
     /// Initial parameters, identical on every peer given the same swarm seed.

@@ -1,0 +1,98 @@
+//! A model gives the same loss and gradient on every device this build and host can open,
+//! and a device that cannot be opened is an error with a reason, never a panic.
+
+use murmur_trainer::{
+    Activation, DeviceError, MlpConfig, ModelConfig, PeerSampling, TaskConfig, TaskPreset,
+    TrainerDevice,
+};
+
+fn sampling() -> PeerSampling {
+    PeerSampling {
+        swarm_seed: 11,
+        peer_seed: 3,
+        shard: 0,
+        shards: 1,
+    }
+}
+
+/// The GPT preset and an MLP with GELU: between them every op the models use.
+fn configs() -> Vec<TaskConfig> {
+    let mut gpt = TaskPreset::MarkovGpt.config();
+    gpt.data.eval_samples = 16;
+    let mut mlp = TaskPreset::TeacherMlp.config();
+    mlp.data.eval_samples = 16;
+    mlp.model = ModelConfig::Mlp(MlpConfig {
+        hidden: vec![48, 32],
+        activation: Activation::Gelu,
+    });
+    vec![gpt, mlp]
+}
+
+/// Loss and gradient of one training batch on `device`.
+fn loss_and_grad(config: &TaskConfig, device: Option<candle_core::Device>) -> (f32, Vec<f32>) {
+    let mut task = config.build(sampling()).unwrap();
+    if let Some(device) = device {
+        task.model.set_device(device).unwrap();
+    }
+    let params = task.model.init(11);
+    let mut batch = task.dataset.empty_batch(task.batch_size);
+    task.dataset.fill_train_batch(task.batch_size, &mut batch);
+    let mut grad = vec![0.0; params.len()];
+    let loss = task
+        .model
+        .loss_and_grad(&params, &batch, &mut grad)
+        .unwrap();
+    (loss, grad)
+}
+
+#[test]
+fn setting_the_cpu_explicitly_changes_nothing() {
+    for config in configs() {
+        let (loss, grad) = loss_and_grad(&config, None);
+        let cpu = TrainerDevice::Cpu.open().unwrap();
+        let (loss_cpu, grad_cpu) = loss_and_grad(&config, Some(cpu));
+        assert_eq!(loss.to_bits(), loss_cpu.to_bits());
+        assert_eq!(grad, grad_cpu);
+        assert!(
+            grad.iter().any(|g| g.abs() > 1e-3),
+            "gradient is all but zero"
+        );
+    }
+}
+
+#[test]
+fn gpu_zero_matches_the_cpu_or_says_why_it_cannot() {
+    match (TrainerDevice::CUDA_BUILT, TrainerDevice::Cuda(0).open()) {
+        (true, Ok(gpu)) => {
+            assert!(gpu.is_cuda());
+            for config in configs() {
+                let (loss, grad) = loss_and_grad(&config, None);
+                let (loss_gpu, grad_gpu) = loss_and_grad(&config, Some(gpu.clone()));
+                assert!(
+                    (loss - loss_gpu).abs() <= 1e-4 * loss.abs(),
+                    "{loss} vs {loss_gpu}"
+                );
+                let scale = grad.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+                for (i, (a, b)) in grad.iter().zip(&grad_gpu).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 1e-3 * scale,
+                        "grad[{i}]: cpu {a} vs gpu {b}"
+                    );
+                }
+            }
+        }
+        // A CUDA build on a host whose driver or GPU refuses: a reason, not a panic.
+        (
+            true,
+            Err(DeviceError::Open {
+                ordinal: 0,
+                message,
+            }),
+        ) => assert!(!message.is_empty()),
+        // The CPU build says how to get a GPU build.
+        (false, Err(error @ DeviceError::NotBuilt { ordinal: 0 })) => {
+            assert!(error.to_string().contains("--features cuda"), "{error}");
+        }
+        (built, other) => panic!("cuda built: {built}, opening GPU 0 gave {other:?}"),
+    }
+}
