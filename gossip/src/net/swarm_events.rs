@@ -91,15 +91,7 @@ impl NetActor {
             return;
         }
         if state.hello_request.is_none() && !state.accepted_us {
-            let hello = self.authorizer.hello();
-            let request = self
-                .swarm
-                .behaviour_mut()
-                .control
-                .send_request(&peer, hello);
-            if let Some(state) = self.peers.get_mut(&peer) {
-                state.hello_request = Some(request);
-            }
+            self.send_hello(peer);
         }
         self.add_to_dht(&peer);
     }
@@ -187,15 +179,7 @@ impl NetActor {
                         // if the peer is still connected (otherwise its state is gone too).
                         OutboundFailure::ConnectionClosed | OutboundFailure::DialFailure => {
                             if self.swarm.is_connected(&peer) {
-                                let hello = self.authorizer.hello();
-                                let retry = self
-                                    .swarm
-                                    .behaviour_mut()
-                                    .control
-                                    .send_request(&peer, hello);
-                                if let Some(state) = self.peers.get_mut(&peer) {
-                                    state.hello_request = Some(retry);
-                                }
+                                self.send_hello(peer);
                             }
                         }
                         OutboundFailure::Timeout => self.refuse(
@@ -290,6 +274,19 @@ impl NetActor {
     }
 
     /// The peer's answer to our hello: its own hello (it accepted us) or a refusal.
+    /// Sends our invite to `peer` and remembers the request, so its answer is recognised.
+    fn send_hello(&mut self, peer: libp2p::PeerId) {
+        let hello = self.authorizer.hello();
+        let request = self
+            .swarm
+            .behaviour_mut()
+            .control
+            .send_request(&peer, hello);
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.hello_request = Some(request);
+        }
+    }
+
     fn on_hello_answer(&mut self, peer: libp2p::PeerId, response: &ControlFrame) {
         let Some(state) = self.peers.get_mut(&peer) else {
             return;
