@@ -23,9 +23,13 @@ use super::error::NetError;
 #[serde(deny_unknown_fields, default)]
 pub struct NetConfig {
     /// The swarm's id (see [`SwarmId`]); names the Kademlia, control and tensor protocols
-    /// and the heartbeat topic, so peers of different swarms never mix.
+    /// and the heartbeat topic, so peers of different swarms never mix. Not read from the
+    /// `[net]` table: the daemon sets it from its `[swarm]` section.
+    #[serde(skip)]
     pub swarm_id: String,
-    /// The swarm authority's peer id (`12D3KooW…`): the key that signs invites.
+    /// The swarm authority's peer id (`12D3KooW…`): the key that signs invites. Not read
+    /// from the `[net]` table: the daemon sets it from its `[swarm]` section.
+    #[serde(skip)]
     pub authority: String,
     /// This peer's invite, as issued by the authority
     /// ([`Invite::encode`](murmur_protocol::identity::Invite::encode)). Not read from the

@@ -55,6 +55,7 @@ pub mod bench;
 mod config;
 mod control;
 mod error;
+pub mod exchange;
 mod handle;
 mod identity;
 mod metrics;

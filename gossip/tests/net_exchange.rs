@@ -1,0 +1,161 @@
+//! Mailbox and outbox between two authorized peers: parcels of every averaging kind arrive
+//! whole and in order, each is reported sent, buffers are reused, and a parcel for a peer
+//! that is gone comes back as failed instead of vanishing.
+
+#[path = "net_support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel};
+use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::{
+    AveragedChunk, ChunkAddress, GroupReject, GroupRejectReason, JoinGroup, PushSumShare,
+    TensorPartChunk,
+};
+use support::{Authority, InviteKind, connect, eventually};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn parcels(peer: PeerId, other: PeerId) -> Vec<Parcel> {
+    let address = ChunkAddress {
+        group_id: 9,
+        part: 1,
+        chunk: 2,
+        offset: 64,
+        elements: 3,
+    };
+    vec![
+        Parcel::Share(
+            PushSumShare {
+                step: 5,
+                chunk: 0,
+                chunk_count: 1,
+                offset: 0,
+                elements: 3,
+                weight: 0.25,
+                reference_step: Some(4),
+                codec: CodecSpec::F32,
+                payload: &[],
+            },
+            [1.0f32, -2.0, 3.5]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        ),
+        Parcel::PartChunk(
+            TensorPartChunk {
+                address,
+                weight: 16.0,
+                codec: CodecSpec::F32,
+                payload: &[],
+            },
+            vec![7; 12],
+        ),
+        Parcel::Averaged(
+            AveragedChunk {
+                address,
+                contributors: 3,
+                total_weight: 48.0,
+                codec: CodecSpec::F32,
+                payload: &[],
+            },
+            vec![9; 12],
+        ),
+        Parcel::JoinGroup(JoinGroup {
+            round: 3,
+            deadline_ms: 1_000,
+            bandwidth_bytes_per_s: 1 << 20,
+            accepts_connections: true,
+            samples: 64,
+        }),
+        Parcel::GroupBegin {
+            round: 3,
+            group_id: 77,
+            members: vec![(peer, 10), (other, 0)],
+        },
+        Parcel::GroupReject(GroupReject {
+            round: 3,
+            reason: GroupRejectReason::GroupFull,
+        }),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parcels_arrive_whole_in_order_and_are_reported() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
+    let (b, b_in) = authority.spawn(2, InviteKind::Valid).await;
+    connect(&a, &b).await;
+    let b_id = b.local_peer_id();
+    eventually(WAIT, "a and b authorize each other", || async {
+        a.peers().await.unwrap_or_default().contains(&b_id)
+    })
+    .await;
+
+    let mut mailbox = Mailbox::spawn(b_in.tensor_streams, MailboxConfig::default());
+    let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
+    let sent = parcels(b_id, a.local_peer_id());
+    for round in 0..3u64 {
+        for (i, parcel) in sent.iter().enumerate() {
+            let tag = round * 100 + i as u64;
+            outbox
+                .send(b_id, tag, parcel.clone())
+                .expect("room in the queue");
+        }
+        for (i, expected) in sent.iter().enumerate() {
+            let delivery = tokio::time::timeout(WAIT, mailbox.recv())
+                .await
+                .expect("a parcel arrives in time")
+                .expect("the mailbox is open");
+            assert_eq!(delivery.from, a.local_peer_id());
+            assert_eq!(&delivery.parcel, expected, "parcel {i} of round {round}");
+            mailbox.recycle(delivery.parcel.into_payload());
+        }
+        for i in 0..sent.len() {
+            let report = tokio::time::timeout(WAIT, outbox.next_report())
+                .await
+                .expect("a report in time")
+                .expect("the outbox is open");
+            assert_eq!(report.to, b_id);
+            assert_eq!(report.tag, round * 100 + i as u64, "reports come in order");
+            assert!(report.result.is_ok(), "{:?}", report.result);
+        }
+    }
+    assert!(
+        mailbox.pool().idle() > 0,
+        "payload buffers went back to the pool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parcel_for_a_departed_peer_comes_back_failed() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(3, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(4, InviteKind::Valid).await;
+    connect(&a, &b).await;
+    let b_id = b.local_peer_id();
+    eventually(WAIT, "a sees b", || async {
+        a.peers().await.unwrap_or_default().contains(&b_id)
+    })
+    .await;
+    b.shutdown().await.expect("b stops");
+    eventually(WAIT, "a notices that b is gone", || async {
+        !a.peers().await.unwrap_or_default().contains(&b_id)
+    })
+    .await;
+
+    let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
+    let parcel = parcels(b_id, a.local_peer_id()).swap_remove(0);
+    outbox
+        .send(b_id, 42, parcel.clone())
+        .expect("room in the queue");
+    let report = tokio::time::timeout(Duration::from_secs(30), outbox.next_report())
+        .await
+        .expect("the failure is reported within the network layer's bounds")
+        .expect("the outbox is open");
+    assert_eq!(report.tag, 42);
+    assert!(report.result.is_err(), "nobody took it");
+    assert_eq!(report.parcel, parcel, "the parcel comes back whole");
+}
