@@ -11,3 +11,26 @@ fi
 
 # NVRTC from PyPI, so the CUDA kernels compile to PTX in tests on machines without a GPU.
 ./scripts/install-nvrtc.sh >/dev/null
+
+# promtool (Debian's `prometheus` package) lints the /metrics output in the daemon's tests.
+if ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing promtool (Debian package prometheus)" >&2
+    sudo_cmd=""
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+    $sudo_cmd apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends prometheus
+  else
+    echo "setup: promtool not found and no apt-get; install Prometheus's promtool by hand" >&2
+  fi
+fi
+
+# DejaVu Sans for the text of `murmur local`'s loss.png (without it the plot has no text).
+if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing fonts-dejavu-core" >&2
+  sudo_cmd=""
+  if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+  { $sudo_cmd apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends fonts-dejavu-core; } \
+    || echo "setup: could not install fonts-dejavu-core; loss.png will have no text" >&2
+fi

@@ -73,13 +73,6 @@ impl CheckpointStore {
         })
     }
 
-    #[cfg_attr(
-        not(test),
-        expect(
-            dead_code,
-            reason = "written by the run loop of `murmur run`, which comes next; tests exercise it now"
-        )
-    )]
     /// Writes `snapshot` as the checkpoint for its step and prunes old ones; returns the
     /// file's path.
     pub(crate) fn write(&self, snapshot: &Snapshot) -> Result<PathBuf, CheckpointError> {

@@ -12,6 +12,12 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Join the swarm a config file describes: train, average, and leave cleanly on
+    /// SIGINT or SIGTERM (SIGUSR1 pauses training, SIGUSR2 resumes it).
+    Run(RunArgs),
+    /// Train the built-in model with a swarm of local peers (no files needed): live
+    /// progress, then a summary, `progress.csv` and `loss.png` in the working folder.
+    Local(crate::local::LocalArgs),
     /// Measure murmur's building blocks on this machine.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -21,6 +27,37 @@ pub(crate) enum Command {
     /// Run a simulated swarm from a scenario file (see examples/sim/): prints a summary,
     /// writes the per-round records as CSV.
     Sim(SimArgs),
+    /// Create this peer's key (`murmur.key`) and a commented config (`murmur.toml`).
+    Init(InitArgs),
+    /// Create a swarm, or invite a peer to one (for the run organizer).
+    #[command(subcommand)]
+    Swarm(SwarmCommand),
+    /// Check a config file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Show a running daemon's status: step, loss, peers, last averaging rounds (from its
+    /// `/status` endpoint).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    /// The daemon's metrics and status address (`[metrics] listen` in its config).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub(crate) addr: String,
+    /// Print the daemon's JSON document as it is.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The config file (see examples/swarm.toml and docs/config.md).
+    #[arg(long)]
+    pub(crate) config: std::path::PathBuf,
+    /// Print progress as JSON lines on stdout (see docs/progress.md); logs go to stderr.
+    #[arg(long)]
+    pub(crate) progress: bool,
 }
 
 #[derive(Debug, Args)]
@@ -106,5 +143,70 @@ pub(crate) enum CheckpointCommand {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+    },
+}
+
+// Identity, swarm and config commands: `murmur init`, `murmur swarm …`, `murmur config …`.
+
+/// Where `murmur init` writes.
+#[derive(Debug, Args)]
+pub(crate) struct InitArgs {
+    /// The folder to write `murmur.key` and `murmur.toml` into (created if missing).
+    #[arg(long, default_value = ".")]
+    pub(crate) dir: std::path::PathBuf,
+    /// Replace an existing `murmur.key` and `murmur.toml` (the old key is lost).
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum SwarmCommand {
+    /// Create a swarm: an authority key (`authority.key`) and a commented `swarm.toml` that
+    /// names the swarm and its authority.
+    New(SwarmNewArgs),
+    /// Sign an invite admitting one peer to the swarm.
+    Invite(SwarmInviteArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SwarmNewArgs {
+    /// The folder to write `authority.key` and `swarm.toml` into (created if missing).
+    #[arg(long, default_value = ".")]
+    pub(crate) dir: std::path::PathBuf,
+    /// The swarm's id: 1 to 64 of `a-z 0-9 . _ -`; default: `swarm-` and the start of the
+    /// authority's peer id.
+    #[arg(long)]
+    pub(crate) id: Option<String>,
+    /// Replace an existing `authority.key` and `swarm.toml` (invites signed by the old key
+    /// stop being accepted).
+    #[arg(long)]
+    pub(crate) force: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SwarmInviteArgs {
+    /// The peer to admit (`12D3KooW…`, as `murmur init` printed it).
+    pub(crate) peer_id: String,
+    /// The swarm authority's key file (`authority.key` from `murmur swarm new`).
+    #[arg(long)]
+    pub(crate) authority_key: std::path::PathBuf,
+    /// The swarm's config (`swarm.toml`), for the swarm id and authority.
+    #[arg(long)]
+    pub(crate) swarm_config: std::path::PathBuf,
+    /// Days the invite is valid, from now.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3650))]
+    pub(crate) valid_days: u64,
+    /// Where to write the invite; send it to the peer, who puts it next to its config.
+    #[arg(long, default_value = "invite")]
+    pub(crate) out: std::path::PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ConfigCommand {
+    /// Load a config as `murmur run` would (key, invite and all), print a summary, run
+    /// nothing. Exits 2 naming the file, line and key of the first problem.
+    Check {
+        /// The config file.
+        file: std::path::PathBuf,
     },
 }

@@ -6,8 +6,15 @@
 mod bench;
 mod checkpoint;
 mod cli;
+mod config;
 mod input_error;
+mod local;
+mod observe;
+mod run;
+mod run_cmd;
 mod sim;
+mod status_cmd;
+mod swarm_cmd;
 
 use std::process::ExitCode;
 
@@ -16,9 +23,15 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
+        cli::Command::Run(args) => run_cmd::run(&args.config, args.progress),
+        cli::Command::Local(args) => local::run(&args),
         cli::Command::Bench(bench) => bench::run(bench),
         cli::Command::Sim(args) => sim::run(&args),
         cli::Command::Checkpoint(command) => checkpoint::run(command),
+        cli::Command::Init(args) => swarm_cmd::init(&args),
+        cli::Command::Swarm(command) => swarm_cmd::swarm(command),
+        cli::Command::Config(command) => swarm_cmd::config(command),
+        cli::Command::Status(args) => status_cmd::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,205 @@
+//! Reading a config file: the text, then every value, then the files it names.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use murmur_gossip::net::NetConfig;
+use murmur_protocol::identity::{Invite, Keypair, MAX_INVITE_LEN};
+use murmur_trainer::DataSource;
+
+use super::error::ConfigError;
+use super::locate::{Document, line_col};
+use super::schema::{CheckpointSection, Config};
+use super::validate::{Checked, Locator, check};
+use super::{Averaging, LoadedConfig, Training};
+
+/// A config file whose values have all been checked, before any file it names is opened.
+///
+/// `murmur swarm invite` stops here: the organizer's copy of the swarm config names no
+/// key or invite of the organizer's.
+#[derive(Debug)]
+pub(crate) struct ConfigFile {
+    /// The config file, as given.
+    pub(crate) path: PathBuf,
+    /// The folder relative paths in it are resolved against.
+    pub(crate) dir: PathBuf,
+    /// The file's values, as written.
+    pub(crate) config: Config,
+    /// The values checked and typed.
+    pub(crate) checked: Checked,
+    text: String,
+}
+
+impl ConfigFile {
+    /// Reads and checks the config file at `path`.
+    pub(crate) fn read(path: &Path) -> Result<ConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        ConfigFile::parse(path, text)
+    }
+
+    /// Checks the config `text`, read from `path`.
+    pub(crate) fn parse(path: &Path, text: String) -> Result<ConfigFile, ConfigError> {
+        let config: Config =
+            toml::from_str(&text).map_err(|error| syntax_error(path, &text, &error))?;
+        let checked = check(&config, &Locator::new(path, &text))?;
+        let dir = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        Ok(ConfigFile {
+            path: path.to_owned(),
+            dir,
+            config,
+            checked,
+            text,
+        })
+    }
+
+    /// `path` from the config, resolved against the config file's folder.
+    pub(crate) fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_owned()
+        } else {
+            self.dir.join(path)
+        }
+    }
+
+    /// Loads the key and the invite, checks the invite at `now_unix_s`, and resolves every
+    /// path.
+    pub(crate) fn load_at(self, now_unix_s: u64) -> Result<LoadedConfig, ConfigError> {
+        let at = Locator::new(&self.path, &self.text);
+        let config = &self.config;
+        let Checked {
+            swarm,
+            authority,
+            codec,
+            sgp,
+            task,
+            device,
+            metrics_listen,
+        } = &self.checked;
+        let (swarm, authority, codec) = (swarm.clone(), *authority, *codec);
+        let mut task = task.clone();
+
+        let key_file = self.resolve(&config.identity.key_file);
+        let keypair = Keypair::load_file(&key_file)
+            .map_err(|e| at.invalid("identity.key_file", "\"murmur.key\"", e.to_string()))?;
+        let peer_id = keypair.peer_id();
+
+        let invite_file = self.resolve(&config.swarm.invite_file);
+        let invite_error = |reason: String| at.invalid("swarm.invite_file", "\"invite\"", reason);
+        let invite_bytes = read_invite(&invite_file).map_err(|e| {
+            invite_error(format!(
+                "cannot read the invite {}: {e}; send your peer id ({peer_id}) to the swarm \
+                 organizer, who runs `murmur swarm invite {peer_id}`",
+                invite_file.display()
+            ))
+        })?;
+        let invite = Invite::decode(&invite_bytes).map_err(|e| {
+            invite_error(format!("{} is not an invite: {e}", invite_file.display()))
+        })?;
+        invite
+            .verify(&authority.public_key(), &swarm, &peer_id, now_unix_s)
+            .map_err(|e| invite_error(format!("{}: {e}", invite_file.display())))?;
+
+        let net = NetConfig {
+            swarm_id: swarm.to_string(),
+            authority: authority.to_string(),
+            invite: invite_bytes,
+            ..config.net.clone()
+        };
+        resolve_data_paths(&mut task.data.source, |p| self.resolve(p));
+        let training = Training {
+            steps: config.training.steps,
+            eval_every_steps: config.training.eval_every_steps,
+            export: config.training.export.as_deref().map(|p| self.resolve(p)),
+            device: *device,
+            slowdown: config.training.slowdown,
+            min_peers: config.training.min_peers,
+            start_timeout: Duration::from_millis(config.training.start_timeout_ms),
+        };
+        let averaging = Averaging {
+            mode: config.averaging.mode,
+            codec,
+            target_batch: config.averaging.target_batch,
+            heartbeat_interval: Duration::from_millis(config.averaging.heartbeat_interval_ms),
+            sgp: sgp.clone(),
+            butterfly: config.averaging.butterfly.clone(),
+            local_sgd: config.averaging.local_sgd,
+            ring: config.averaging.ring,
+        };
+        let checkpoint = CheckpointSection {
+            dir: self.resolve(&config.checkpoint.dir),
+            ..config.checkpoint.clone()
+        };
+        Ok(LoadedConfig {
+            path: self.path.clone(),
+            keypair,
+            peer_id,
+            swarm,
+            authority,
+            invite,
+            net,
+            volunteer: config.volunteer,
+            task,
+            training,
+            averaging,
+            checkpoint,
+            metrics_listen: *metrics_listen,
+            log: config.log.clone(),
+        })
+    }
+}
+
+/// Seconds since the unix epoch by this host's clock.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
+/// A toml error as `FILE:LINE:COL: key: message`.
+fn syntax_error(path: &Path, text: &str, error: &toml::de::Error) -> ConfigError {
+    let span = error.span().unwrap_or(0..0);
+    let (line, column) = line_col(text, span.start);
+    ConfigError::Syntax {
+        path: path.to_owned(),
+        line,
+        column,
+        key: Document::parse(text).path_at(span),
+        message: error.message().trim().to_owned(),
+    }
+}
+
+/// Reads an invite file, refusing one larger than any invite before reading it all.
+fn read_invite(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(MAX_INVITE_LEN + 1);
+    File::open(path)?
+        .take(MAX_INVITE_LEN as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Resolves every file the data source reads.
+fn resolve_data_paths(source: &mut DataSource, resolve: impl Fn(&Path) -> PathBuf) {
+    match source {
+        DataSource::SyntheticClassification(_) | DataSource::SyntheticMarkov(_) => {}
+        DataSource::Text(c) => c.path = resolve(&c.path),
+        DataSource::Tokens(c) => c.path = resolve(&c.path),
+        DataSource::Idx(c) => {
+            c.images = resolve(&c.images);
+            c.labels = resolve(&c.labels);
+            for path in [&mut c.eval_images, &mut c.eval_labels]
+                .into_iter()
+                .flatten()
+            {
+                *path = resolve(path);
+            }
+        }
+    }
+}

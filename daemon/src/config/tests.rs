@@ -1,0 +1,306 @@
+//! The config module against real files: the example documents the defaults, a complete
+//! swarm folder loads, and every kind of mistake names its key and line.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::identity::{Invite, Keypair, SwarmId};
+use murmur_trainer::TaskPreset;
+
+use super::*;
+
+const NOW: u64 = 1_800_000_000;
+const DAY: u64 = 86_400;
+
+/// A folder with a peer key, an authority, a config from the template and a valid invite.
+struct Swarm {
+    dir: tempfile::TempDir,
+    authority: Keypair,
+    peer: Keypair,
+    swarm: SwarmId,
+}
+
+impl Swarm {
+    fn new() -> Swarm {
+        let dir = tempfile::tempdir().unwrap();
+        let peer = Keypair::create_file(dir.path().join("murmur.key")).unwrap();
+        let authority = Keypair::from_seed([9; 32]);
+        let swarm = SwarmId::new("test-swarm".to_owned()).unwrap();
+        let s = Swarm {
+            dir,
+            authority,
+            peer,
+            swarm,
+        };
+        s.write_config(&template::with_swarm(&s.swarm, &s.authority.peer_id()));
+        s.write_invite(&s.peer.peer_id(), NOW - DAY, NOW + DAY);
+        s
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("murmur.toml")
+    }
+
+    fn write_config(&self, text: &str) {
+        std::fs::write(self.config_path(), text).unwrap();
+    }
+
+    /// The template with `edit` applied: each `(old, new)` replaces one exact line.
+    fn write_edited(&self, edits: &[(&str, &str)]) {
+        let mut text = template::with_swarm(&self.swarm, &self.authority.peer_id());
+        for (old, new) in edits {
+            assert_eq!(
+                text.matches(old).count(),
+                1,
+                "{old:?} is in the template once"
+            );
+            text = text.replacen(old, new, 1);
+        }
+        self.write_config(&text);
+    }
+
+    fn write_invite(&self, peer: &PeerId, issued_at: u64, expires_at: u64) {
+        let invite =
+            Invite::issue(&self.authority, peer, &self.swarm, issued_at, expires_at).unwrap();
+        std::fs::write(self.dir.path().join("invite"), invite.encode()).unwrap();
+    }
+
+    fn load(&self) -> Result<LoadedConfig, ConfigError> {
+        load_at(&self.config_path(), NOW)
+    }
+}
+
+/// The 1-based line of the first line of `text` that starts with `prefix`.
+fn line_of(text: &str, prefix: &str) -> usize {
+    text.lines()
+        .position(|line| line.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line starts with {prefix:?}"))
+        + 1
+}
+
+fn parse(text: &str) -> Result<ConfigFile, ConfigError> {
+    ConfigFile::parse(Path::new("swarm.toml"), text.to_owned())
+}
+
+#[test]
+fn the_example_holds_exactly_the_defaults() {
+    let example = parse(template::TEMPLATE).unwrap_or_else(|e| panic!("{e}"));
+    let minimal = parse(
+        "[swarm]\nid = \"demo-swarm\"\n\
+         authority = \"12D3KooWKMPKDb9vXN7kWtpG9q5RoKya3w6P6BtnbTtSUFxcdFPR\"\n",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(example.config, minimal.config);
+    let preset = TaskPreset::default_local();
+    assert_eq!(example.checked.task, preset);
+}
+
+#[test]
+fn a_complete_swarm_folder_loads_with_everything_filled_in() {
+    let s = Swarm::new();
+    let loaded = s.load().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.peer_id, s.peer.peer_id());
+    assert_eq!(loaded.swarm, s.swarm);
+    assert_eq!(loaded.authority, s.authority.peer_id());
+    assert_eq!(loaded.net.swarm_id, "test-swarm");
+    assert_eq!(loaded.net.authority, s.authority.peer_id().to_string());
+    assert_eq!(loaded.net.invite, loaded.invite.encode());
+    assert_eq!(loaded.averaging.codec, CodecSpec::Int8 { block: 64 });
+    assert_eq!(loaded.averaging.sgp.share_codec, loaded.averaging.codec);
+    assert_eq!(loaded.averaging.mode, AveragingMode::Sgp);
+    assert_eq!(loaded.training.device, DeviceChoice::Auto);
+    assert_eq!(loaded.checkpoint.dir, s.dir.path().join("checkpoints"));
+    assert_eq!(loaded.metrics_listen, None);
+    assert!(param_count(&loaded.task).is_some_and(|n| n > 10_000));
+}
+
+#[test]
+fn relative_paths_resolve_against_the_config_folder() {
+    let s = Swarm::new();
+    s.write_edited(&[
+        (
+            "# export = \"model.safetensors\"\n",
+            "export = \"out/m.safetensors\"\n",
+        ),
+        ("dir = \"checkpoints\"\n", "dir = \"/var/tmp/ckpt\"\n"),
+        (
+            "kind = \"synthetic-markov\"\n",
+            "kind = \"text\"\npath = \"corpus.txt\"\n",
+        ),
+        ("states = 32\n", ""),
+        ("branching = 4\n", ""),
+        ("skew = 1.0\n", ""),
+    ]);
+    let loaded = s.load().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        loaded.training.export,
+        Some(s.dir.path().join("out/m.safetensors"))
+    );
+    assert_eq!(loaded.checkpoint.dir, PathBuf::from("/var/tmp/ckpt"));
+    assert_eq!(
+        loaded.task.data.source.files(),
+        vec![s.dir.path().join("corpus.txt")]
+    );
+}
+
+#[test]
+fn an_unknown_key_is_named_with_its_line_and_column() {
+    let text = "[swarm]\nid = \"a\"\nauthority = \"b\"\n\n[averaging.sgp]\nout_degre = 2\n";
+    let err = parse(text).unwrap_err();
+    assert_eq!(err.line(), Some(6));
+    assert_eq!(err.key(), Some("averaging.sgp.out_degre"));
+    let message = err.to_string();
+    assert!(message.starts_with("swarm.toml:6:1: "), "{message}");
+    assert!(message.contains("unknown field `out_degre`"), "{message}");
+}
+
+#[test]
+fn a_value_of_the_wrong_type_is_named_with_its_line() {
+    let text = "[swarm]\nid = \"a\"\nauthority = \"b\"\n[training]\nsteps = \"many\"\n";
+    let err = parse(text).unwrap_err();
+    assert_eq!(err.line(), Some(5));
+    assert_eq!(err.key(), Some("training.steps"));
+    assert!(
+        err.to_string()
+            .starts_with("swarm.toml:5:9: training.steps: ")
+    );
+}
+
+#[test]
+fn a_missing_swarm_section_is_reported() {
+    let err = parse("[log]\nlevel = \"info\"\n").unwrap_err();
+    assert!(err.to_string().contains("missing field `swarm`"), "{err}");
+}
+
+#[test]
+fn out_of_range_values_name_their_key_line_and_value() {
+    let s = Swarm::new();
+    let template = template::with_swarm(&s.swarm, &s.authority.peer_id());
+    for (old, new, key) in [
+        (
+            "out_degree = 1\n",
+            "out_degree = 0\n",
+            "averaging.sgp.out_degree",
+        ),
+        (
+            "min_group = 2\n",
+            "min_group = 1\n",
+            "averaging.butterfly.min_group",
+        ),
+        ("layers = 2\n", "layers = 0\n", "model.layers"),
+        ("beta1 = 0.9\n", "beta1 = 1.5\n", "optimizer.beta1"),
+        ("keep = 3\n", "keep = 0\n", "checkpoint.keep"),
+        ("slowdown = 1.0\n", "slowdown = 0.5\n", "training.slowdown"),
+        (
+            "cpu_threads = 0\n",
+            "cpu_threads = 99999\n",
+            "volunteer.cpu_threads",
+        ),
+        (
+            "codec = \"int8:64\"\n",
+            "codec = \"int9\"\n",
+            "averaging.codec",
+        ),
+        (
+            "device = \"auto\"\n",
+            "device = \"gpu\"\n",
+            "training.device",
+        ),
+        ("level = \"info\"\n", "level = \"loud\"\n", "log.level"),
+        ("id = \"test-swarm\"\n", "id = \"Test Swarm\"\n", "swarm.id"),
+    ] {
+        s.write_edited(&[(old, new)]);
+        let err = s.load().unwrap_err();
+        let line = line_of(&template, old.trim_end());
+        assert_eq!(err.key(), Some(key), "{err}");
+        assert_eq!(err.line(), Some(line), "{err}");
+        let value = new.split_once(" = ").unwrap().1.trim_end();
+        let prefix = format!("{}:{line}: {key} = {value}: ", s.config_path().display());
+        assert!(err.to_string().starts_with(&prefix), "{err} / {prefix}");
+    }
+}
+
+#[test]
+fn a_conflict_with_a_default_names_the_default_and_its_table() {
+    let s = Swarm::new();
+    // int8:48 is a valid codec, but the default chunk of 16384 is not a multiple of 48.
+    let text = format!(
+        "[swarm]\nid = \"test-swarm\"\nauthority = \"{}\"\n[averaging]\ncodec = \"int8:48\"\n",
+        s.authority.peer_id()
+    );
+    s.write_config(&text);
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("averaging.butterfly.chunk_elements"));
+    assert_eq!(err.line(), Some(4), "the nearest written table: {err}");
+    assert!(err.to_string().contains("= 16384 (default): "), "{err}");
+}
+
+#[test]
+fn a_key_file_others_can_read_is_refused_naming_it() {
+    let s = Swarm::new();
+    let key_file = s.dir.path().join("murmur.key");
+    std::fs::set_permissions(&key_file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("identity.key_file"));
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!("chmod 600 {}", key_file.display())),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_invite_for_another_peer_is_refused() {
+    let s = Swarm::new();
+    s.write_invite(&Keypair::from_seed([3; 32]).peer_id(), NOW - DAY, NOW + DAY);
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("swarm.invite_file"));
+    assert!(err.to_string().contains("was issued to peer"), "{err}");
+}
+
+#[test]
+fn an_expired_invite_is_refused() {
+    let s = Swarm::new();
+    s.write_invite(&s.peer.peer_id(), NOW - 2 * DAY, NOW - DAY);
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("swarm.invite_file"));
+    assert!(err.to_string().contains("expired"), "{err}");
+}
+
+#[test]
+fn an_invite_from_another_authority_is_refused() {
+    let s = Swarm::new();
+    let other = Keypair::from_seed([4; 32]);
+    let invite = Invite::issue(&other, &s.peer.peer_id(), &s.swarm, NOW - DAY, NOW + DAY).unwrap();
+    std::fs::write(s.dir.path().join("invite"), invite.encode()).unwrap();
+    let err = s.load().unwrap_err();
+    assert!(err.to_string().contains("signed by authority"), "{err}");
+}
+
+#[test]
+fn a_missing_invite_says_whom_to_ask() {
+    let s = Swarm::new();
+    std::fs::remove_file(s.dir.path().join("invite")).unwrap();
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("swarm.invite_file"));
+    assert!(
+        err.to_string()
+            .contains(&format!("murmur swarm invite {}", s.peer.peer_id())),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_sgp_table_becomes_an_sgp_config_with_the_swarm_codec() {
+    let s = Swarm::new();
+    s.write_edited(&[
+        ("codec = \"int8:64\"\n", "codec = \"f16\"\n"),
+        ("out_degree = 1\n", "out_degree = 3\n"),
+        ("mode = \"sgp\"\n", "mode = \"local-sgd\"\n"),
+    ]);
+    let loaded = s.load().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(loaded.averaging.sgp.out_degree, 3);
+    assert_eq!(loaded.averaging.sgp.share_codec, CodecSpec::F16);
+    assert_eq!(loaded.averaging.mode, AveragingMode::LocalSgd);
+}

@@ -1,0 +1,294 @@
+//! [`AveragingMetrics`]: what each averaging round achieved, by mode and outcome.
+
+use std::time::Duration;
+
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::AveragingMode;
+use prometheus::{
+    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry,
+};
+
+use super::ObserveError;
+use super::registry::{named, register};
+
+/// How a round ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum RoundOutcome {
+    /// The whole vector was averaged.
+    Complete,
+    /// Some parts kept local values (a reducer or sender timed out).
+    Partial,
+    /// Nothing was averaged.
+    Failed,
+}
+
+impl RoundOutcome {
+    /// Every outcome, in label order.
+    pub(crate) const ALL: [RoundOutcome; 3] = [
+        RoundOutcome::Complete,
+        RoundOutcome::Partial,
+        RoundOutcome::Failed,
+    ];
+
+    /// The `outcome` label value.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            RoundOutcome::Complete => "complete",
+            RoundOutcome::Partial => "partial",
+            RoundOutcome::Failed => "failed",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            RoundOutcome::Complete => 0,
+            RoundOutcome::Partial => 1,
+            RoundOutcome::Failed => 2,
+        }
+    }
+}
+
+/// The position of `mode` in [`AveragingMode::ALL`], the metrics' array index.
+fn mode_index(mode: AveragingMode) -> usize {
+    match mode {
+        AveragingMode::Sgp => 0,
+        AveragingMode::Butterfly => 1,
+        AveragingMode::LocalSgd => 2,
+        AveragingMode::SyncRing => 3,
+    }
+}
+
+const MODES: usize = AveragingMode::ALL.len();
+const OUTCOMES: usize = RoundOutcome::ALL.len();
+
+/// What one finished averaging round reports, to the metrics and to the status board.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct RoundSummary {
+    /// The averaging mode the round ran in.
+    pub(crate) mode: AveragingMode,
+    /// How it ended.
+    pub(crate) outcome: RoundOutcome,
+    /// From the round's start until its result was applied.
+    pub(crate) duration: Duration,
+    /// Fraction of the vector averaged with at least one other peer, in `[0, 1]`.
+    pub(crate) coverage: f64,
+    /// Peers whose contribution entered the round, this one included.
+    pub(crate) group_size: u32,
+    /// The peer this one pushed to (SGP), if any.
+    pub(crate) out_peer: Option<PeerId>,
+    /// Members dropped for not sending in time.
+    pub(crate) stragglers_dropped: u32,
+    /// Parts whose reducer did not answer in time.
+    pub(crate) parts_timed_out: u32,
+}
+
+impl RoundSummary {
+    /// The coverage clamped to `[0, 1]`; a non-finite value reads as nothing averaged.
+    pub(crate) fn clamped_coverage(&self) -> f64 {
+        if self.coverage.is_finite() {
+            self.coverage.clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
+}
+
+/// The `murmur_averaging_*` metrics. A no-op when made by [`AveragingMetrics::disabled`].
+///
+/// Every `(mode, outcome)` series is created up front, so dashboards see zeros rather than
+/// missing series, and an update indexes an array instead of hashing label values.
+#[derive(Debug, Clone)]
+pub(crate) struct AveragingMetrics {
+    inner: Option<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
+    rounds: [[IntCounter; OUTCOMES]; MODES],
+    durations: [[Histogram; OUTCOMES]; MODES],
+    coverage: [Gauge; MODES],
+    group_size: [IntGauge; MODES],
+    stragglers: [IntCounter; MODES],
+    parts_timed_out: [IntCounter; MODES],
+    push_sum_weight: Gauge,
+    consensus_drift: Gauge,
+}
+
+/// Round durations from 5 ms to about 160 s, doubling.
+fn duration_buckets() -> Vec<f64> {
+    (0..16).map(|k| 0.005 * f64::from(1u32 << k)).collect()
+}
+
+impl AveragingMetrics {
+    pub(super) fn register(registry: &Registry) -> Result<AveragingMetrics, ObserveError> {
+        let by_outcome = ["mode", "outcome"];
+        let by_mode = ["mode"];
+        let name = "murmur_averaging_rounds_total";
+        let rounds = IntCounterVec::new(Opts::new(name, "Averaging rounds finished."), &by_outcome);
+        let rounds = named(name, rounds)?;
+        let name = "murmur_averaging_round_duration_seconds";
+        let opts = HistogramOpts::new(name, "Wall time of one averaging round, start to applied.")
+            .buckets(duration_buckets());
+        let durations = named(name, HistogramVec::new(opts, &by_outcome))?;
+        let name = "murmur_averaging_coverage_ratio";
+        let help = "Fraction of the vector averaged with at least one other peer, last round.";
+        let coverage = named(
+            name,
+            prometheus::GaugeVec::new(Opts::new(name, help), &by_mode),
+        )?;
+        let name = "murmur_averaging_group_size";
+        let help = "Peers whose contribution entered the last round, this one included.";
+        let group_size = named(name, IntGaugeVec::new(Opts::new(name, help), &by_mode))?;
+        let name = "murmur_averaging_stragglers_dropped_total";
+        let help = "Group members dropped from a round for not sending in time.";
+        let stragglers = named(name, IntCounterVec::new(Opts::new(name, help), &by_mode))?;
+        let name = "murmur_averaging_parts_timed_out_total";
+        let help = "Parts whose reducer did not answer in time; they kept local values.";
+        let parts_timed_out = named(name, IntCounterVec::new(Opts::new(name, help), &by_mode))?;
+        let name = "murmur_averaging_push_sum_weight";
+        let help = "This peer's push-sum weight w (SGP).";
+        let push_sum_weight = named(name, Gauge::new(name, help))?;
+        let name = "murmur_averaging_consensus_drift";
+        let help = "Relative L2 distance between this peer's parameters and the last average \
+                    it saw.";
+        let consensus_drift = named(name, Gauge::new(name, help))?;
+
+        let modes = AveragingMode::ALL.map(AveragingMode::name);
+        let outcomes = RoundOutcome::ALL.map(RoundOutcome::name);
+        let inner = Inner {
+            rounds: modes.map(|m| outcomes.map(|o| rounds.with_label_values(&[m, o]))),
+            durations: modes.map(|m| outcomes.map(|o| durations.with_label_values(&[m, o]))),
+            coverage: modes.map(|m| coverage.with_label_values(&[m])),
+            group_size: modes.map(|m| group_size.with_label_values(&[m])),
+            stragglers: modes.map(|m| stragglers.with_label_values(&[m])),
+            parts_timed_out: modes.map(|m| parts_timed_out.with_label_values(&[m])),
+            push_sum_weight,
+            consensus_drift,
+        };
+        register(registry, rounds)?;
+        register(registry, durations)?;
+        register(registry, coverage)?;
+        register(registry, group_size)?;
+        register(registry, stragglers)?;
+        register(registry, parts_timed_out)?;
+        register(registry, inner.push_sum_weight.clone())?;
+        register(registry, inner.consensus_drift.clone())?;
+        Ok(AveragingMetrics { inner: Some(inner) })
+    }
+
+    pub(super) fn disabled() -> AveragingMetrics {
+        AveragingMetrics { inner: None }
+    }
+
+    /// One round finished.
+    pub(crate) fn record_round(&self, round: &RoundSummary) {
+        let Some(m) = &self.inner else { return };
+        let (mode, outcome) = (mode_index(round.mode), round.outcome.index());
+        m.rounds[mode][outcome].inc();
+        m.durations[mode][outcome].observe(round.duration.as_secs_f64());
+        m.coverage[mode].set(round.clamped_coverage());
+        m.group_size[mode].set(i64::from(round.group_size));
+        m.stragglers[mode].inc_by(u64::from(round.stragglers_dropped));
+        m.parts_timed_out[mode].inc_by(u64::from(round.parts_timed_out));
+    }
+
+    /// This peer's push-sum weight after its last push or receive (SGP).
+    pub(crate) fn set_push_sum_weight(&self, weight: f64) {
+        if let Some(m) = &self.inner {
+            m.push_sum_weight.set(weight);
+        }
+    }
+
+    /// The latest estimate of how far this peer's parameters are from the swarm's average.
+    pub(crate) fn set_consensus_drift(&self, drift: f64) {
+        if let Some(m) = &self.inner {
+            m.consensus_drift.set(drift);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(registry: &Registry) -> String {
+        let mut out = Vec::new();
+        prometheus::Encoder::encode(
+            &prometheus::TextEncoder::new(),
+            &registry.gather(),
+            &mut out,
+        )
+        .expect("encodes");
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    fn round(mode: AveragingMode, outcome: RoundOutcome, seconds: f64) -> RoundSummary {
+        RoundSummary {
+            mode,
+            outcome,
+            duration: Duration::from_secs_f64(seconds),
+            coverage: 0.75,
+            group_size: 4,
+            out_peer: None,
+            stragglers_dropped: 1,
+            parts_timed_out: 2,
+        }
+    }
+
+    #[test]
+    fn a_round_lands_in_its_own_mode_and_outcome_series_only() {
+        let registry = Registry::new();
+        let m = AveragingMetrics::register(&registry).expect("registers");
+        m.record_round(&round(AveragingMode::Butterfly, RoundOutcome::Partial, 0.3));
+        m.record_round(&round(AveragingMode::Butterfly, RoundOutcome::Partial, 0.5));
+        let text = text(&registry);
+        let expect = [
+            r#"murmur_averaging_rounds_total{mode="butterfly",outcome="partial"} 2"#,
+            r#"murmur_averaging_rounds_total{mode="butterfly",outcome="complete"} 0"#,
+            r#"murmur_averaging_rounds_total{mode="sgp",outcome="partial"} 0"#,
+            r#"murmur_averaging_round_duration_seconds_count{mode="butterfly",outcome="partial"} 2"#,
+            r#"murmur_averaging_round_duration_seconds_sum{mode="butterfly",outcome="partial"} 0.8"#,
+            r#"murmur_averaging_round_duration_seconds_bucket{mode="butterfly",outcome="partial",le="0.32"} 1"#,
+            r#"murmur_averaging_coverage_ratio{mode="butterfly"} 0.75"#,
+            r#"murmur_averaging_group_size{mode="butterfly"} 4"#,
+            r#"murmur_averaging_stragglers_dropped_total{mode="butterfly"} 2"#,
+            r#"murmur_averaging_parts_timed_out_total{mode="butterfly"} 4"#,
+            r#"murmur_averaging_stragglers_dropped_total{mode="local-sgd"} 0"#,
+        ];
+        for line in expect {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn coverage_outside_zero_to_one_is_clamped() {
+        let mut r = round(AveragingMode::Sgp, RoundOutcome::Complete, 0.1);
+        r.coverage = 1.5;
+        assert_eq!(r.clamped_coverage(), 1.0);
+        r.coverage = f64::NAN;
+        assert_eq!(r.clamped_coverage(), 0.0);
+        r.coverage = -0.5;
+        assert_eq!(r.clamped_coverage(), 0.0);
+    }
+
+    #[test]
+    fn gauges_for_push_sum_and_drift_are_set() {
+        let registry = Registry::new();
+        let m = AveragingMetrics::register(&registry).expect("registers");
+        m.set_push_sum_weight(0.125);
+        m.set_consensus_drift(0.03);
+        let text = text(&registry);
+        assert!(
+            text.contains("murmur_averaging_push_sum_weight 0.125\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("murmur_averaging_consensus_drift 0.03\n"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,433 @@
+//! One averaging round over the network: a butterfly all-reduce or a ring all-reduce of a
+//! flat vector among a fixed list of members, driven to its end with every wait bounded.
+//!
+//! Members agree on a round by its number: the group id in every chunk. Chunks of a later
+//! round that arrive early (a faster member already started it) wait in [`Early`]; chunks
+//! of an earlier round are dropped.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use murmur_gossip::butterfly::{
+    ButterflyRound, Group, Partition, PayloadRef, RoundInput, RoundOutput,
+};
+use murmur_gossip::net::NetEvent;
+use murmur_gossip::net::exchange::{Delivery, Parcel};
+use murmur_gossip::ring::{RingAllReduce, RingInput, RingOutput};
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::{AveragedChunk, ChunkAddress, TensorPartChunk};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::peer::{Peer, Request};
+
+/// Most chunks held for rounds not yet started; the oldest go first.
+const EARLY_LIMIT: usize = 4096;
+
+/// Chunks that arrived for a round this peer has not started.
+#[derive(Debug, Default)]
+pub(crate) struct Early {
+    parcels: VecDeque<Delivery>,
+}
+
+impl Early {
+    /// Keeps a delivery for later (a chunk) or recycles it (anything else).
+    pub(crate) fn keep(&mut self, peer: &Peer, delivery: Delivery) {
+        if group_of(&delivery.parcel).is_none() {
+            peer.mailbox.recycle(delivery.parcel.into_payload());
+            return;
+        }
+        if self.parcels.len() >= EARLY_LIMIT
+            && let Some(old) = self.parcels.pop_front()
+        {
+            peer.mailbox.recycle(old.parcel.into_payload());
+        }
+        self.parcels.push_back(delivery);
+    }
+
+    /// Takes the chunks of `round`, dropping those of earlier rounds.
+    fn take(&mut self, peer: &Peer, round: u64) -> Vec<Delivery> {
+        let mut now = Vec::new();
+        let mut later = VecDeque::new();
+        for d in self.parcels.drain(..) {
+            match group_of(&d.parcel) {
+                Some(g) if g == round => now.push(d),
+                Some(g) if g > round => later.push_back(d),
+                _ => peer.mailbox.recycle(d.parcel.into_payload()),
+            }
+        }
+        self.parcels = later;
+        now
+    }
+}
+
+fn group_of(parcel: &Parcel) -> Option<u64> {
+    match parcel {
+        Parcel::PartChunk(m, _) => Some(m.address.group_id),
+        Parcel::Averaged(m, _) => Some(m.address.group_id),
+        _ => None,
+    }
+}
+
+/// What a round achieved.
+#[derive(Debug)]
+pub(crate) struct RoundOutcome {
+    /// The averaged vector (local values where the round could not average).
+    pub(crate) values: Vec<f32>,
+    /// Fraction of the vector averaged over every member.
+    pub(crate) coverage: f64,
+    pub(crate) duration: Duration,
+    pub(crate) group: usize,
+    /// A stop was requested while the round ran.
+    pub(crate) stop_requested: bool,
+}
+
+impl RoundOutcome {
+    pub(crate) fn outcome(&self) -> &'static str {
+        if self.coverage >= 1.0 {
+            "complete"
+        } else if self.coverage > 0.0 {
+            "partial"
+        } else {
+            "failed"
+        }
+    }
+}
+
+/// Which collective a round runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Collective {
+    Butterfly,
+    Ring,
+}
+
+/// Either machine, behind one interface.
+enum Machine {
+    Butterfly(Box<ButterflyRound<PeerId>>),
+    Ring(Box<RingAllReduce<PeerId>>),
+}
+
+/// Runs round `round` among `members` (this peer included), averaging `local` with
+/// weight `weight`; gives up at `bound` and keeps local values for what is missing.
+pub(crate) async fn average(
+    peer: &mut Peer,
+    early: &mut Early,
+    kind: Collective,
+    round: u64,
+    mut members: Vec<PeerId>,
+    local: Vec<f32>,
+    weight: f32,
+) -> anyhow::Result<RoundOutcome> {
+    let started = Instant::now();
+    members.sort_unstable();
+    members.dedup();
+    let group = members.len();
+    let codec = peer.settings.codec;
+    let now = peer.now();
+    let bound = match kind {
+        Collective::Butterfly => {
+            let b = &peer.settings.butterfly;
+            Duration::from_millis(b.reducer_timeout_ms + 2 * b.chunk_timeout_ms)
+        }
+        Collective::Ring => peer.settings.ring_timeout,
+    };
+    let deadline = tokio::time::Instant::now() + bound;
+    let mut machine = match kind {
+        Collective::Butterfly => {
+            let align = codec.block().map_or(1, |b| b as usize);
+            let partition = Partition::equal(local.len(), group, align)
+                .context("cannot split the vector into parts")?;
+            let group = Group::new(round, round, members.clone(), partition)?;
+            let config = &peer.settings.butterfly;
+            Machine::Butterfly(Box::new(ButterflyRound::new(
+                peer.me, group, local, weight, codec, config, now,
+            )?))
+        }
+        Collective::Ring => {
+            let ring_deadline = now + bound;
+            Machine::Ring(Box::new(RingAllReduce::new(
+                peer.me,
+                members.clone(),
+                round,
+                local,
+                weight,
+                codec,
+                ring_deadline,
+            )?))
+        }
+    };
+    let mut sends: HashMap<u64, (PeerId, PayloadRef)> = HashMap::new();
+    let mut next_tag = 0u64;
+    let mut finished: Option<f64> = None;
+    let mut stop_requested = false;
+    for d in early.take(peer, round) {
+        feed(peer, &mut machine, d)?;
+    }
+    loop {
+        drain(
+            peer,
+            &mut machine,
+            &mut sends,
+            &mut next_tag,
+            &mut finished,
+            group,
+        )?;
+        let idle = match &machine {
+            Machine::Butterfly(r) => r.is_idle(),
+            Machine::Ring(_) => sends.is_empty(),
+        };
+        if finished.is_some() && idle {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!(
+                round,
+                "averaging round ran past its bound; keeping what it has"
+            );
+            break;
+        }
+        let timer = match &machine {
+            Machine::Butterfly(r) => r.poll_timeout(),
+            Machine::Ring(r) => r.poll_timeout(),
+        }
+        .map(|t| peer.instant_of(t))
+        .unwrap_or(deadline)
+        .min(deadline);
+        tokio::select! {
+            Some(d) = peer.mailbox.recv() => match group_of(&d.parcel) {
+                Some(g) if g == round => feed(peer, &mut machine, d)?,
+                Some(g) if g > round => early.keep(peer, d),
+                _ => peer.mailbox.recycle(d.parcel.into_payload()),
+            },
+            Some(report) = peer.outbox.next_report() => {
+                if let Err(e) = &report.result {
+                    tracing::debug!(peer = %report.to, error = %e, "chunk not sent");
+                }
+                let payload = report.parcel.into_payload();
+                peer.mailbox.recycle(payload);
+                if let Some((to, payload)) = sends.remove(&report.tag) {
+                    let now = peer.now();
+                    match &mut machine {
+                        Machine::Butterfly(r) => r.handle(now, RoundInput::Sent { to, payload })?,
+                        Machine::Ring(r) => r.handle(now, RingInput::Sent { payload })?,
+                    }
+                }
+            }
+            event = peer.events.recv() => match event {
+                Ok(event) => {
+                    peer.note_event(&event);
+                    if let (NetEvent::PeerDisconnected { peer: gone }, Machine::Butterfly(r)) =
+                        (&event, &mut machine)
+                        && members.contains(gone)
+                    {
+                        let now = peer.now();
+                        r.handle(now, RoundInput::MemberLost(*gone))?;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => anyhow::bail!("the network layer stopped"),
+            },
+            () = tokio::time::sleep_until(timer) => {
+                let now = peer.now();
+                match &mut machine {
+                    Machine::Butterfly(r) => r.handle(now, RoundInput::Tick)?,
+                    Machine::Ring(r) => r.handle(now, RingInput::Tick)?,
+                }
+            }
+            request = peer.signals.next() => match request {
+                Request::Stop => stop_requested = true,
+                Request::Pause => peer.set_paused(true),
+                Request::Resume => peer.set_paused(false),
+            },
+        }
+    }
+    let coverage = finished.unwrap_or(0.0);
+    let values = match machine {
+        Machine::Butterfly(r) => r.into_vectors().1,
+        Machine::Ring(r) => r.result().to_vec(),
+    };
+    Ok(RoundOutcome {
+        values,
+        coverage,
+        duration: started.elapsed(),
+        group,
+        stop_requested,
+    })
+}
+
+/// Hands one chunk of the current round to the machine.
+fn feed(peer: &mut Peer, machine: &mut Machine, d: Delivery) -> anyhow::Result<()> {
+    let now = peer.now();
+    let from = d.from;
+    let result = match (&d.parcel, &mut *machine) {
+        (Parcel::PartChunk(m, payload), Machine::Butterfly(r)) => r
+            .handle(
+                now,
+                RoundInput::PartChunk {
+                    from,
+                    address: m.address,
+                    weight: m.weight,
+                    codec: m.codec,
+                    payload,
+                },
+            )
+            .map_err(anyhow::Error::from),
+        (Parcel::Averaged(m, payload), Machine::Butterfly(r)) => r
+            .handle(
+                now,
+                RoundInput::AveragedChunk {
+                    from,
+                    address: m.address,
+                    contributors: m.contributors,
+                    total_weight: m.total_weight,
+                    codec: m.codec,
+                    payload,
+                },
+            )
+            .map_err(anyhow::Error::from),
+        (Parcel::PartChunk(m, payload), Machine::Ring(r)) => r
+            .handle(
+                now,
+                RingInput::Segment {
+                    from,
+                    address: m.address,
+                    weight: m.weight,
+                    codec: m.codec,
+                    payload,
+                },
+            )
+            .map_err(anyhow::Error::from),
+        _ => Ok(()),
+    };
+    if let Err(e) = result {
+        // A bad chunk costs its sender its contribution, never the round.
+        tracing::warn!(peer = %from, error = %e, "chunk refused");
+    }
+    peer.mailbox.recycle(d.parcel.into_payload());
+    Ok(())
+}
+
+/// Acts on every output the machine has queued.
+fn drain(
+    peer: &mut Peer,
+    machine: &mut Machine,
+    sends: &mut HashMap<u64, (PeerId, PayloadRef)>,
+    next_tag: &mut u64,
+    finished: &mut Option<f64>,
+    group: usize,
+) -> anyhow::Result<()> {
+    loop {
+        #[expect(clippy::type_complexity, reason = "one send, whichever machine asked")]
+        let (to, parcel_of, payload, elements): (
+            PeerId,
+            Box<dyn FnOnce(Vec<u8>) -> Parcel>,
+            PayloadRef,
+            u32,
+        ) = match machine {
+            Machine::Butterfly(r) => match r.poll_output() {
+                None => return Ok(()),
+                Some(RoundOutput::SendPartChunk {
+                    to,
+                    address,
+                    weight,
+                    payload,
+                }) => {
+                    let codec = r.codec_spec();
+                    let make = move |b| part_chunk(address, weight, codec, b);
+                    (to, Box::new(make), payload, address.elements)
+                }
+                Some(RoundOutput::SendAveragedChunk {
+                    to,
+                    address,
+                    contributors,
+                    total_weight,
+                    payload,
+                }) => {
+                    let codec = r.codec_spec();
+                    let make = move |b| {
+                        Parcel::Averaged(
+                            AveragedChunk {
+                                address,
+                                contributors,
+                                total_weight,
+                                codec,
+                                payload: &[],
+                            },
+                            b,
+                        )
+                    };
+                    (to, Box::new(make), payload, address.elements)
+                }
+                Some(RoundOutput::Finished(report)) => {
+                    let members = u32::try_from(group).unwrap_or(u32::MAX);
+                    *finished = Some(report.fraction_covered_by(members));
+                    continue;
+                }
+            },
+            Machine::Ring(r) => match r.poll_output() {
+                None => return Ok(()),
+                Some(RingOutput::Send {
+                    to,
+                    address,
+                    weight,
+                    payload,
+                }) => {
+                    let codec = peer.settings.codec;
+                    let make = move |b| part_chunk(address, weight, codec, b);
+                    (to, Box::new(make), payload, address.elements)
+                }
+                Some(RingOutput::Finished) => {
+                    *finished = Some(1.0);
+                    continue;
+                }
+                Some(RingOutput::Failed { steps_received }) => {
+                    tracing::warn!(steps_received, "ring round failed; keeping local values");
+                    *finished = Some(0.0);
+                    continue;
+                }
+            },
+        };
+        let bytes = match machine {
+            Machine::Butterfly(r) => r.payload(payload),
+            Machine::Ring(r) => r.payload(payload),
+        }
+        .context("a send output named no payload")?;
+        let mut buf = peer.mailbox.pool().take();
+        buf.extend_from_slice(bytes);
+        peer.counters.raw_bytes += u64::from(elements) * 4;
+        let tag = *next_tag;
+        *next_tag += 1;
+        match peer.outbox.send(to, tag, parcel_of(buf)) {
+            Ok(()) => {
+                sends.insert(tag, (to, payload));
+            }
+            Err(parcel) => {
+                // The destination's queue is full: the chunk is lost to it, as if its
+                // connection had failed; the round's timeouts take care of the rest.
+                peer.mailbox.recycle(parcel.into_payload());
+                let now = peer.now();
+                match machine {
+                    Machine::Butterfly(r) => r.handle(now, RoundInput::Sent { to, payload })?,
+                    Machine::Ring(r) => r.handle(now, RingInput::Sent { payload })?,
+                }
+            }
+        }
+    }
+}
+
+fn part_chunk(
+    address: ChunkAddress,
+    weight: f32,
+    codec: murmur_protocol::codec::CodecSpec,
+    payload: Vec<u8>,
+) -> Parcel {
+    Parcel::PartChunk(
+        TensorPartChunk {
+            address,
+            weight,
+            codec,
+            payload: &[],
+        },
+        payload,
+    )
+}

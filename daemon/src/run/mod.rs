@@ -1,0 +1,308 @@
+//! `murmur run`: join the swarm, train, average, and leave cleanly.
+//!
+//! One process is one peer. The network task, the mailbox readers and the averaging loop
+//! run on a small tokio runtime; the model trains on its own thread ([`worker`]). The
+//! averaging loop of the configured mode owns its state machine and reacts to whatever
+//! comes first: a message, a send report, a finished step, a membership change, a timer,
+//! or a signal.
+
+mod collective;
+mod peer;
+mod progress;
+mod rounds;
+mod settings;
+mod sgp;
+mod worker;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig};
+use murmur_gossip::net::{self, NetIdentity};
+use murmur_protocol::message::AveragingMode;
+use murmur_trainer::{ParamLayout, PeerSampling, export_safetensors};
+use sha2::{Digest as _, Sha256};
+
+use crate::checkpoint::CheckpointStore;
+use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, StatusIdentity};
+use peer::{Peer, Signals};
+use progress::{Counters, EvalLosses, Progress};
+pub(crate) use settings::{LocalSgdSettings, RunSettings};
+use worker::Worker;
+
+/// Why a peer stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Finish {
+    /// It ran its step budget.
+    Finished,
+    /// SIGINT or SIGTERM.
+    Signal,
+}
+
+/// How long a peer with bootstrap addresses waits for its first peer before training alone.
+const FIRST_PEER_WAIT: Duration = Duration::from_secs(10);
+
+/// Runs one peer to the end. Call from `main` before any other thread starts.
+pub(crate) fn run(settings: RunSettings) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("murmur-io")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run_peer(settings))
+}
+
+async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
+    let identity = NetIdentity::from_keypair(&settings.keypair);
+    let me = identity.peer_id();
+    let (net, inbound) = net::spawn(&settings.net, identity)
+        .await
+        .context("cannot start the network")?;
+    let events = net.subscribe();
+    let mailbox = Mailbox::spawn(inbound.tensor_streams, MailboxConfig::default());
+    let outbox = Outbox::new(net.clone(), OutboxConfig::default());
+    // Control requests (state sync) are not served yet: let them expire unanswered.
+    let mut control = inbound.control_requests;
+    tokio::spawn(async move { while control.recv().await.is_some() {} });
+
+    let sampling = PeerSampling {
+        swarm_seed: PeerSampling::seed_from_id(settings.swarm_id.as_bytes()),
+        peer_seed: PeerSampling::seed_from_id(&me.to_bytes()),
+        shard: 0,
+        shards: 1,
+    };
+    let mut task = settings
+        .task
+        .build(sampling)
+        .context("cannot build the training task")?;
+    let mut params = task.model.init(sampling.swarm_seed);
+    let initial_eval_loss = task.evaluate(&params).context("initial eval")?;
+    let loss_floor = task.dataset.loss_floor();
+    let layout = task.model.layout().clone();
+    let len = params.len();
+    let worker = Worker::spawn(task, len, settings.slowdown)?;
+
+    let listen: Vec<String> = net
+        .listen_addrs()
+        .await?
+        .iter()
+        .map(|a| format!("{a}/p2p/{me}"))
+        .collect();
+    let metrics = Metrics::new(MetricsOptions { gpu: false })?;
+    metrics.network.attach(Arc::new(net.clone()))?;
+    let board = StatusBoard::new(StatusIdentity {
+        peer_id: me.to_string(),
+        swarm: settings.swarm_id.clone(),
+        mode: settings.mode_name().to_owned(),
+        codec: settings.codec.to_string(),
+    });
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = match settings.metrics_listen {
+        Some(addr) => {
+            let shutdown = async move {
+                let _ = http_stopped.await;
+            };
+            let server = observe::serve(
+                addr,
+                HttpLimits::default(),
+                metrics.clone(),
+                board.clone(),
+                shutdown,
+            )
+            .await
+            .context("cannot serve the metrics and status endpoints")?;
+            tracing::info!(addr = %server.local_addr(), "serving /metrics, /status and /healthz");
+            Some(server)
+        }
+        None => None,
+    };
+    let metrics_addr = server.as_ref().map(|s| s.local_addr().to_string());
+    let progress = Progress::new(settings.progress, me.to_string(), settings.mode_name());
+    progress.ready(&listen, len, initial_eval_loss, loss_floor, metrics_addr);
+    tracing::info!(peer = %me, params = len, mode = settings.mode_name(), "ready");
+
+    let mode = settings.mode;
+    let mut peer = Peer {
+        me,
+        net: net.clone(),
+        mailbox,
+        outbox,
+        events,
+        worker,
+        signals: Signals::install()?,
+        progress,
+        counters: Counters::default(),
+        peers: BTreeMap::new(),
+        model_fingerprint: fingerprint(&layout),
+        metrics,
+        board,
+        learning_rate: 0.0,
+        clock: Instant::now(),
+        initial_eval_loss,
+        last_eval_loss: initial_eval_loss,
+        loss_floor,
+        mode,
+        rate: 0.0,
+        settings,
+    };
+    let resumed_step = resume(&mut peer, &mut params);
+    meet_the_swarm(&mut peer).await;
+    let swarm_step = peer.swarm_step();
+    // The swarm's state wins when it is newer than our checkpoint.
+    let joining = swarm_step > resumed_step.unwrap_or(0);
+    if joining {
+        tracing::info!(swarm_step, "the swarm is training already: joining it");
+    }
+
+    let outcome = match mode {
+        AveragingMode::Sgp => {
+            let founder = (!joining).then_some(params);
+            let offset = swarm_step.max(resumed_step.unwrap_or(0));
+            sgp::run(&mut peer, founder, len, offset).await
+        }
+        AveragingMode::Butterfly | AveragingMode::SyncRing | AveragingMode::LocalSgd => {
+            rounds::run(&mut peer, params, swarm_step).await
+        }
+    };
+    let (final_params, finish) = match outcome {
+        Ok(done) => done,
+        Err(e) => {
+            let losses = EvalLosses {
+                initial: peer.initial_eval_loss,
+                last: peer.last_eval_loss,
+                floor: peer.loss_floor,
+            };
+            peer.report_progress();
+            peer.progress
+                .done(&peer.counters, losses, "error", Some(format!("{e:#}")));
+            let _ = net.shutdown().await;
+            return Err(e);
+        }
+    };
+
+    if let Some(path) = &peer.settings.export {
+        export_safetensors(&layout, &final_params, path)
+            .with_context(|| format!("cannot export the model to {}", path.display()))?;
+        tracing::info!(path = %path.display(), "model exported");
+    }
+    peer.write_checkpoint(&final_params)?;
+    peer.report_progress();
+    let losses = EvalLosses {
+        initial: peer.initial_eval_loss,
+        last: peer.last_eval_loss,
+        floor: peer.loss_floor,
+    };
+    let exit = match finish {
+        Finish::Finished => "finished",
+        Finish::Signal => "signal",
+    };
+    peer.progress.done(&peer.counters, losses, exit, None);
+    let _ = stop_http.send(());
+    if let Some(server) = server {
+        let _ = tokio::time::timeout(Duration::from_secs(2), server.stopped()).await;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
+    Ok(())
+}
+
+/// Waits (bounded) until the swarm is known well enough to start: `training.min_peers`
+/// peers authorized (at most `training.start_timeout_ms`), and, when any peer is known,
+/// a heartbeat interval and a half more, so that the swarm's step is known.
+async fn meet_the_swarm(peer: &mut Peer) {
+    let min_peers = peer.settings.min_peers;
+    let discovers = !peer.settings.net.bootstrap.is_empty() || peer.settings.net.mdns;
+    if min_peers == 0 && !discovers {
+        return;
+    }
+    let first_wait = if min_peers > 0 {
+        peer.settings.start_timeout
+    } else {
+        FIRST_PEER_WAIT
+    };
+    let until = tokio::time::Instant::now() + first_wait;
+    let mut heard_until: Option<tokio::time::Instant> = None;
+    loop {
+        let deadline = heard_until.unwrap_or(until).min(until);
+        match tokio::time::timeout_at(deadline, peer.events.recv()).await {
+            Err(_) => break,
+            Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
+            Ok(Err(_)) => {}
+            Ok(Ok(event)) => {
+                peer.note_event(&event);
+                if heard_until.is_none() && peer.peers.len() >= min_peers.max(1) {
+                    heard_until = Some(
+                        tokio::time::Instant::now() + peer.settings.heartbeat_interval * 3 / 2,
+                    );
+                }
+            }
+        }
+    }
+    if peer.peers.len() < min_peers {
+        tracing::warn!(
+            known = peer.peers.len(),
+            wanted = min_peers,
+            "training.start_timeout_ms passed before training.min_peers peers connected; starting anyway"
+        );
+    }
+}
+
+/// A hash of the model's parameter layout: every tensor's name and shape, in order.
+fn fingerprint(layout: &ParamLayout) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for tensor in layout.tensors() {
+        hasher.update(tensor.name().as_bytes());
+        hasher.update([0]);
+        for &dim in tensor.shape() {
+            hasher.update((dim as u64).to_le_bytes());
+        }
+        hasher.update([0xff]);
+    }
+    hasher.finalize().into()
+}
+
+/// Loads the newest valid checkpoint of this swarm and model into `params`, if there is
+/// one; returns its step. Unusable files are skipped with a message naming each.
+fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
+    let store =
+        match CheckpointStore::open(&peer.settings.checkpoint_dir, peer.settings.checkpoint_keep) {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the checkpoint folder; starting fresh");
+                return None;
+            }
+        };
+    let latest = match store.latest_valid() {
+        Ok(latest) => latest,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the checkpoint folder; starting fresh");
+            return None;
+        }
+    };
+    for skipped in &latest.skipped {
+        tracing::warn!(
+            path = %skipped.path.display(),
+            reason = %skipped.reason,
+            "skipping a checkpoint that cannot be used"
+        );
+    }
+    let (path, snapshot) = latest.found?;
+    let tensor = snapshot.tensors.iter().find(|t| t.name == "params");
+    let usable = snapshot.swarm_id == peer.settings.swarm_id
+        && snapshot.model_fingerprint == peer.model_fingerprint
+        && tensor.is_some_and(|t| t.data.len() == params.len());
+    let Some(tensor) = tensor.filter(|_| usable) else {
+        tracing::warn!(
+            path = %path.display(),
+            "the newest checkpoint is for another swarm or model; starting fresh"
+        );
+        return None;
+    };
+    params.copy_from_slice(&tensor.data);
+    peer.counters.step = snapshot.step;
+    peer.counters.samples = snapshot.samples;
+    tracing::info!(path = %path.display(), step = snapshot.step, "resumed from a checkpoint");
+    Some(snapshot.step)
+}

@@ -1,0 +1,310 @@
+//! What every training mode shares: the network, the mailbox and outbox, the trainer
+//! thread, membership news, signals, counters and progress lines.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context as _;
+use murmur_gossip::Time;
+use murmur_gossip::net::exchange::{Mailbox, Outbox};
+use murmur_gossip::net::{NetEvent, NetHandle};
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::{AveragingMode, HeartbeatBody};
+use murmur_protocol::snapshot::{NamedTensor, Snapshot};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::broadcast;
+
+use super::collective::RoundOutcome as CollectiveOutcome;
+use super::progress::{Counters, Progress};
+use super::settings::RunSettings;
+use super::worker::Worker;
+use crate::checkpoint::CheckpointStore;
+use crate::observe::{Metrics, RoundOutcome, RoundSummary, StatusBoard};
+
+/// What the operating system asked of the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// SIGINT or SIGTERM: leave cleanly.
+    Stop,
+    /// SIGUSR1: stop training, keep serving.
+    Pause,
+    /// SIGUSR2: train again.
+    Resume,
+}
+
+/// The signals a peer answers.
+#[derive(Debug)]
+pub(crate) struct Signals {
+    interrupt: Signal,
+    terminate: Signal,
+    pause: Signal,
+    resume: Signal,
+}
+
+impl Signals {
+    pub(crate) fn install() -> anyhow::Result<Signals> {
+        Ok(Signals {
+            interrupt: signal(SignalKind::interrupt())?,
+            terminate: signal(SignalKind::terminate())?,
+            pause: signal(SignalKind::user_defined1())?,
+            resume: signal(SignalKind::user_defined2())?,
+        })
+    }
+
+    /// The next request; pending forever once every signal stream has ended.
+    pub(crate) async fn next(&mut self) -> Request {
+        tokio::select! {
+            Some(()) = self.interrupt.recv() => Request::Stop,
+            Some(()) = self.terminate.recv() => Request::Stop,
+            Some(()) = self.pause.recv() => Request::Pause,
+            Some(()) = self.resume.recv() => Request::Resume,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// What a peer knows of another from its heartbeats.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PeerNews {
+    pub(crate) last: HeartbeatBody,
+}
+
+/// The parts of a running peer every mode uses.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    pub(crate) settings: RunSettings,
+    pub(crate) me: PeerId,
+    pub(crate) net: NetHandle,
+    pub(crate) mailbox: Mailbox,
+    pub(crate) outbox: Outbox,
+    pub(crate) events: broadcast::Receiver<NetEvent>,
+    pub(crate) worker: Worker,
+    pub(crate) signals: Signals,
+    pub(crate) progress: Progress,
+    pub(crate) counters: Counters,
+    /// Authorized peers and their latest heartbeat, if any.
+    pub(crate) peers: BTreeMap<PeerId, Option<PeerNews>>,
+    /// A hash of the model's definition, stamped on checkpoints so that state is never
+    /// loaded into another model.
+    pub(crate) model_fingerprint: [u8; 32],
+    pub(crate) metrics: Metrics,
+    pub(crate) board: StatusBoard,
+    /// The learning rate of the last update, for the metrics.
+    pub(crate) learning_rate: f32,
+    pub(crate) clock: Instant,
+    pub(crate) initial_eval_loss: f32,
+    pub(crate) last_eval_loss: f32,
+    pub(crate) loss_floor: Option<f32>,
+    pub(crate) mode: AveragingMode,
+    /// Samples per second over the recent steps (exponential average).
+    pub(crate) rate: f64,
+}
+
+impl Peer {
+    /// Now on the state machines' clock.
+    pub(crate) fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.clock.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The instant a state-machine time stands for.
+    pub(crate) fn instant_of(&self, at: Time) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.clock + Duration::from_nanos(at.as_nanos()))
+    }
+
+    /// Whether training is paused (SIGUSR1 or `POST /pause`).
+    pub(crate) fn is_paused(&self) -> bool {
+        self.board.is_paused()
+    }
+
+    /// Pauses or resumes training.
+    pub(crate) fn set_paused(&mut self, paused: bool) {
+        if self.board.set_paused(paused) != paused {
+            tracing::info!(
+                paused,
+                "training {}",
+                if paused { "paused" } else { "resumed" }
+            );
+        }
+    }
+
+    /// Notes an eval loss everywhere it is reported.
+    pub(crate) fn record_eval(&mut self, step: u64, loss: f32) {
+        self.last_eval_loss = loss;
+        self.metrics.training.set_eval_loss(f64::from(loss));
+        self.board.set_eval_loss(f64::from(loss));
+        self.progress.eval(step, loss);
+    }
+
+    /// Notes a finished averaging round in the metrics and `/status`.
+    pub(crate) fn record_round(&self, outcome: &CollectiveOutcome) {
+        let summary = RoundSummary {
+            mode: self.mode,
+            outcome: match outcome.outcome() {
+                "complete" => RoundOutcome::Complete,
+                "partial" => RoundOutcome::Partial,
+                _ => RoundOutcome::Failed,
+            },
+            duration: outcome.duration,
+            coverage: outcome.coverage,
+            group_size: u32::try_from(outcome.group).unwrap_or(u32::MAX),
+            out_peer: None,
+            stragglers_dropped: 0,
+            parts_timed_out: 0,
+        };
+        self.metrics.averaging.record_round(&summary);
+        self.board.record_round(&summary);
+    }
+
+    /// Notes a push-sum share's fate (SGP's unit of averaging).
+    pub(crate) fn record_share(&self, to: PeerId, delivered: bool) {
+        let summary = RoundSummary {
+            mode: self.mode,
+            outcome: if delivered {
+                RoundOutcome::Complete
+            } else {
+                RoundOutcome::Failed
+            },
+            duration: Duration::ZERO,
+            coverage: if delivered { 1.0 } else { 0.0 },
+            group_size: 2,
+            out_peer: Some(to),
+            stragglers_dropped: 0,
+            parts_timed_out: 0,
+        };
+        self.metrics.averaging.record_round(&summary);
+        self.board.record_round(&summary);
+    }
+
+    /// Notes one finished local step for the counters and the progress line.
+    pub(crate) fn count_step(&mut self, samples: u64, loss: f32, took: Duration) {
+        self.counters.step += 1;
+        self.counters.samples += samples;
+        self.counters.loss = loss;
+        let rate = samples as f64 / took.as_secs_f64().max(1e-6);
+        self.rate = if self.rate == 0.0 {
+            rate
+        } else {
+            0.8 * self.rate + 0.2 * rate
+        };
+        self.counters.samples_per_s = self.rate;
+        let c = &self.counters;
+        self.metrics.training.record_step(
+            c.step,
+            samples,
+            f64::from(loss),
+            f64::from(self.learning_rate),
+        );
+        self.metrics.training.set_samples_per_second(self.rate);
+        self.board
+            .record_step(c.step, c.samples, f64::from(loss), self.rate);
+    }
+
+    /// Updates the network counters and writes a progress line (rate-limited).
+    pub(crate) fn report_progress(&mut self) {
+        let snapshot = self.net.metrics().snapshot();
+        self.counters.bytes_sent = snapshot.tensor_bytes_sent;
+        self.counters.bytes_received = snapshot.tensor_bytes_received;
+        self.counters.peers = self.peers.len();
+        self.progress.progress(&self.counters);
+    }
+
+    /// Publishes this peer's heartbeat; a failure is logged, never fatal.
+    pub(crate) async fn heartbeat(&mut self, step: u64, samples_accumulated: u64) {
+        let bandwidth = self.net.bandwidth_estimator().all();
+        let mean = |pick: fn(&murmur_gossip::net::PeerBandwidth) -> Option<f64>| {
+            let rates: Vec<f64> = bandwidth.iter().filter_map(|(_, b)| pick(b)).collect();
+            if rates.is_empty() {
+                0
+            } else {
+                (rates.iter().sum::<f64>() / rates.len() as f64) as u64
+            }
+        };
+        let body = HeartbeatBody {
+            step,
+            timestamp_ms: unix_ms(),
+            samples_per_s: self.rate as f32,
+            upload_bytes_per_s: mean(|b| b.upload_bytes_per_s),
+            download_bytes_per_s: mean(|b| b.download_bytes_per_s),
+            mode: self.mode,
+            samples_accumulated,
+        };
+        if let Err(e) = self.net.publish_heartbeat(&body).await {
+            tracing::debug!(error = %e, "heartbeat not published");
+        }
+    }
+
+    /// Applies a network event to the peer table; returns it for the mode to act on.
+    pub(crate) fn note_event(&mut self, event: &NetEvent) {
+        match event {
+            NetEvent::PeerAuthorized { peer, .. } => {
+                self.peers.entry(*peer).or_insert(None);
+            }
+            NetEvent::PeerDisconnected { peer } | NetEvent::PeerRejected { peer, .. } => {
+                self.peers.remove(peer);
+                self.board.forget_peer(peer);
+            }
+            NetEvent::Heartbeat { peer, body } => {
+                if let Some(entry) = self.peers.get_mut(peer) {
+                    *entry = Some(PeerNews { last: *body });
+                    self.board.record_heartbeat(*peer, body);
+                }
+            }
+        }
+        self.metrics.network.set_connected_peers(self.peers.len());
+    }
+
+    /// The highest step any peer's heartbeat reported.
+    pub(crate) fn swarm_step(&self) -> u64 {
+        self.peers
+            .values()
+            .filter_map(|n| n.map(|n| n.last.step))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+impl Peer {
+    /// Writes a checkpoint after every `checkpoint.every_steps` local steps; a failure is
+    /// logged, not fatal (training goes on; the next one may succeed).
+    pub(crate) fn maybe_checkpoint(&self, params: &[f32]) {
+        let every = self.settings.checkpoint_every;
+        if every > 0
+            && self.counters.step.is_multiple_of(every)
+            && let Err(e) = self.write_checkpoint(params)
+        {
+            tracing::warn!(error = format!("{e:#}"), "checkpoint not written");
+        }
+    }
+
+    /// Writes the current state into the checkpoint folder (atomically; the oldest beyond
+    /// `checkpoint.keep` are removed).
+    pub(crate) fn write_checkpoint(&self, params: &[f32]) -> anyhow::Result<()> {
+        let store =
+            CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
+                .context("cannot open the checkpoint folder")?;
+        let snapshot = Snapshot {
+            step: self.counters.step,
+            samples: self.counters.samples,
+            push_sum_weight: 1.0,
+            swarm_id: self.settings.swarm_id.clone(),
+            model_fingerprint: self.model_fingerprint,
+            tensors: vec![NamedTensor {
+                name: "params".into(),
+                data: params.to_vec(),
+            }],
+        };
+        let path = store
+            .write(&snapshot)
+            .context("cannot write the checkpoint")?;
+        tracing::info!(path = %path.display(), step = self.counters.step, "checkpoint written");
+        Ok(())
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}

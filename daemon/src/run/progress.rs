@@ -1,0 +1,142 @@
+//! `--progress`: one JSON object per line on stdout, for `murmur local` and scripts.
+//! The format is documented in docs/progress.md.
+
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// Progress lines come at most this often.
+const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+/// Counters a progress line reports.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counters {
+    pub(crate) step: u64,
+    pub(crate) samples: u64,
+    pub(crate) loss: f32,
+    pub(crate) samples_per_s: f64,
+    pub(crate) bytes_sent: u64,
+    pub(crate) bytes_received: u64,
+    pub(crate) raw_bytes: u64,
+    pub(crate) peers: usize,
+    pub(crate) rounds: u64,
+}
+
+/// The eval losses a summary reports.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EvalLosses {
+    pub(crate) initial: f32,
+    pub(crate) last: f32,
+    pub(crate) floor: Option<f32>,
+}
+
+/// Writes the progress lines of one peer (or nothing, when off).
+#[derive(Debug)]
+pub(crate) struct Progress {
+    enabled: bool,
+    peer: String,
+    mode: &'static str,
+    started: Instant,
+    last: Option<Instant>,
+}
+
+impl Progress {
+    pub(crate) fn new(enabled: bool, peer: String, mode: &'static str) -> Progress {
+        Progress {
+            enabled,
+            peer,
+            mode,
+            started: Instant::now(),
+            last: None,
+        }
+    }
+
+    fn wall_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn emit(&self, mut line: Value) {
+        if !self.enabled {
+            return;
+        }
+        if let Some(object) = line.as_object_mut() {
+            object.insert("peer".into(), Value::String(self.peer.clone()));
+            object.insert("wall_s".into(), json!(self.wall_s()));
+        }
+        let mut out = std::io::stdout().lock();
+        // A closed stdout (the parent went away) must not stop training.
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+
+    pub(crate) fn ready(
+        &self,
+        listen: &[String],
+        params: usize,
+        initial_eval_loss: f32,
+        loss_floor: Option<f32>,
+        metrics_addr: Option<String>,
+    ) {
+        self.emit(json!({
+            "event": "ready",
+            "listen": listen,
+            "params": params,
+            "initial_eval_loss": initial_eval_loss,
+            "loss_floor": loss_floor,
+            "metrics_addr": metrics_addr,
+        }));
+    }
+
+    /// A progress line, unless one went out less than 500 ms ago.
+    pub(crate) fn progress(&mut self, c: &Counters) {
+        let now = Instant::now();
+        if self.last.is_some_and(|last| now - last < PROGRESS_EVERY) {
+            return;
+        }
+        self.last = Some(now);
+        self.emit(json!({
+            "event": "progress",
+            "step": c.step,
+            "samples": c.samples,
+            "loss": c.loss,
+            "samples_per_s": c.samples_per_s,
+            "bytes_sent": c.bytes_sent,
+            "bytes_received": c.bytes_received,
+            "peers": c.peers,
+            "rounds": c.rounds,
+            "mode": self.mode,
+        }));
+    }
+
+    pub(crate) fn eval(&self, step: u64, eval_loss: f32) {
+        self.emit(json!({"event": "eval", "step": step, "eval_loss": eval_loss}));
+    }
+
+    pub(crate) fn round(&self, outcome: &str, duration: Duration, coverage: f64, group: usize) {
+        self.emit(json!({
+            "event": "round",
+            "mode": self.mode,
+            "outcome": outcome,
+            "duration_s": duration.as_secs_f64(),
+            "coverage": coverage,
+            "group": group,
+        }));
+    }
+
+    pub(crate) fn done(&self, c: &Counters, losses: EvalLosses, exit: &str, error: Option<String>) {
+        self.emit(json!({
+            "event": "done",
+            "step": c.step,
+            "samples": c.samples,
+            "initial_eval_loss": losses.initial,
+            "final_eval_loss": losses.last,
+            "loss_floor": losses.floor,
+            "bytes_sent": c.bytes_sent,
+            "bytes_received": c.bytes_received,
+            "raw_bytes": c.raw_bytes,
+            "exit": exit,
+            "error": error,
+        }));
+    }
+}

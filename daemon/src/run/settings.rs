@@ -1,0 +1,73 @@
+//! Everything `murmur run` needs, checked and ready: built from the config file.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::net::NetConfig;
+use murmur_gossip::sgp::SgpConfig;
+use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::identity::Keypair;
+use murmur_protocol::message::AveragingMode;
+use murmur_trainer::TaskConfig;
+
+/// Local SGD's outer loop.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LocalSgdSettings {
+    /// Local steps between averages (H).
+    pub(crate) local_steps: u64,
+    /// Outer learning rate applied to the averaged pseudo-gradient.
+    pub(crate) outer_lr: f32,
+    /// Outer Nesterov momentum.
+    pub(crate) outer_momentum: f32,
+}
+
+/// A peer's run, as the config file describes it.
+#[derive(Debug)]
+pub(crate) struct RunSettings {
+    pub(crate) keypair: Keypair,
+    /// With swarm id, authority and invite filled in.
+    pub(crate) net: NetConfig,
+    pub(crate) swarm_id: String,
+    pub(crate) task: TaskConfig,
+    pub(crate) mode: AveragingMode,
+    pub(crate) codec: CodecSpec,
+    pub(crate) sgp: SgpConfig,
+    pub(crate) butterfly: ButterflyConfig,
+    pub(crate) local_sgd: LocalSgdSettings,
+    pub(crate) ring_timeout: Duration,
+    pub(crate) target_batch: u64,
+    pub(crate) heartbeat_interval: Duration,
+    /// Local steps before the peer exports and leaves; 0 = until stopped.
+    pub(crate) steps: u64,
+    pub(crate) eval_every: u64,
+    pub(crate) export: Option<PathBuf>,
+    pub(crate) slowdown: f64,
+    /// Other peers to wait for before training, and the bound on that wait.
+    pub(crate) min_peers: usize,
+    pub(crate) start_timeout: Duration,
+    pub(crate) checkpoint_dir: PathBuf,
+    pub(crate) checkpoint_every: u64,
+    pub(crate) checkpoint_keep: usize,
+    pub(crate) progress: bool,
+    /// Where `/metrics`, `/status` and `/healthz` are served; `None` = not served.
+    pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+}
+
+impl RunSettings {
+    /// The mode's name as the config spells it.
+    pub(crate) fn mode_name(&self) -> &'static str {
+        match self.mode {
+            AveragingMode::Sgp => "sgp",
+            AveragingMode::Butterfly => "butterfly",
+            AveragingMode::LocalSgd => "local-sgd",
+            AveragingMode::SyncRing => "sync-ring",
+        }
+    }
+
+    /// Whether an eval is due after local step `step` (counted from 1).
+    pub(crate) fn eval_due(&self, step: u64) -> bool {
+        (self.eval_every > 0 && step.is_multiple_of(self.eval_every))
+            || (self.steps > 0 && step >= self.steps)
+    }
+}

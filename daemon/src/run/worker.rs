@@ -1,0 +1,255 @@
+//! The trainer's thread: the model, data and optimizer live here, away from the async
+//! averaging loop, which hands it parameter buffers and takes them back.
+//!
+//! Buffers move, they are not copied: a job carries the vector the loop gave up, and its
+//! answer carries the same vector back.
+
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use murmur_trainer::{Batch, DataShape, Task};
+use tokio::sync::mpsc;
+
+/// Work for the trainer thread.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// One local step at `params` (updated in place): next batch, gradient, optimizer step.
+    Step {
+        params: Vec<f32>,
+        step: u64,
+        swarm_batch: u64,
+        /// Evaluate the updated parameters on the shared eval set afterwards.
+        eval: bool,
+    },
+    /// The mean gradient of the next batch at `params`, written into `grad`; no update.
+    Gradient { params: Vec<f32>, grad: Vec<f32> },
+    /// An optimizer step on `params` along `grad` at the scheduled rate for `step`.
+    Apply {
+        params: Vec<f32>,
+        grad: Vec<f32>,
+        step: u64,
+        swarm_batch: u64,
+        eval: bool,
+    },
+    /// Eval loss of `params`.
+    Eval { params: Vec<f32> },
+}
+
+/// A finished job, with its buffers.
+#[derive(Debug)]
+pub(crate) enum Done {
+    Step {
+        params: Vec<f32>,
+        loss: f32,
+        samples: u64,
+        eval_loss: Option<f32>,
+        compute: Duration,
+        learning_rate: f32,
+    },
+    Gradient {
+        params: Vec<f32>,
+        grad: Vec<f32>,
+        loss: f32,
+        samples: u64,
+        compute: Duration,
+    },
+    Applied {
+        params: Vec<f32>,
+        grad: Vec<f32>,
+        eval_loss: Option<f32>,
+        learning_rate: f32,
+    },
+    Eval {
+        params: Vec<f32>,
+        loss: f32,
+    },
+}
+
+/// The trainer thread and its two queues.
+#[derive(Debug)]
+pub(crate) struct Worker {
+    jobs: Option<std::sync::mpsc::SyncSender<Job>>,
+    pub(crate) done: mpsc::Receiver<anyhow::Result<Done>>,
+    thread: Option<JoinHandle<()>>,
+    busy: bool,
+}
+
+impl Worker {
+    /// Starts the thread. `slowdown ≥ 1` stretches every step to that multiple of its
+    /// compute time (a simulated straggler).
+    pub(crate) fn spawn(task: Task, params_len: usize, slowdown: f64) -> anyhow::Result<Worker> {
+        let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<Job>(1);
+        let (done_tx, done_rx) = mpsc::channel(1);
+        let thread = std::thread::Builder::new()
+            .name("murmur-trainer".into())
+            .spawn(move || {
+                let mut state = WorkerState::new(task, params_len, slowdown);
+                while let Ok(job) = jobs_rx.recv() {
+                    let done = state.run(job);
+                    if done_tx.blocking_send(done).is_err() {
+                        return;
+                    }
+                }
+            })
+            .context("cannot start the trainer thread")?;
+        Ok(Worker {
+            jobs: Some(jobs_tx),
+            done: done_rx,
+            thread: Some(thread),
+            busy: false,
+        })
+    }
+
+    /// Hands a job over; the thread takes one at a time, so call only when idle.
+    pub(crate) fn submit(&mut self, job: Job) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.busy, "the trainer is still busy with its last job");
+        let jobs = self
+            .jobs
+            .as_ref()
+            .context("the trainer thread has stopped")?;
+        jobs.try_send(job)
+            .map_err(|_| anyhow::anyhow!("the trainer thread has stopped"))?;
+        self.busy = true;
+        Ok(())
+    }
+
+    /// Whether a job is in progress.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.busy
+    }
+
+    /// Takes a finished job's answer (call when [`Worker::done`] yielded it).
+    pub(crate) fn finished(&mut self) {
+        self.busy = false;
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.jobs = None;
+        if let Some(thread) = self.thread.take()
+            && !self.busy
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+struct WorkerState {
+    task: Task,
+    batch: Batch,
+    grad: Vec<f32>,
+    slowdown: f64,
+}
+
+impl WorkerState {
+    fn new(task: Task, params_len: usize, slowdown: f64) -> WorkerState {
+        let rows = task.batch_size;
+        let batch = match task.dataset.shape() {
+            DataShape::Tokens { context, .. } => Batch::tokens_with_capacity(rows, context),
+            DataShape::Features { width, .. } => Batch::features_with_capacity(rows, width),
+        };
+        WorkerState {
+            task,
+            batch,
+            grad: vec![0.0; params_len],
+            slowdown,
+        }
+    }
+
+    /// Samples in the batch just drawn.
+    fn samples(&self) -> u64 {
+        self.batch.rows as u64
+    }
+
+    /// Sleeps so that a step that computed for `spent` takes `slowdown × spent` in all.
+    fn stretch(&self, spent: Duration) {
+        if self.slowdown > 1.0 {
+            std::thread::sleep(spent.mul_f64(self.slowdown - 1.0));
+        }
+    }
+
+    fn run(&mut self, job: Job) -> anyhow::Result<Done> {
+        match job {
+            Job::Step {
+                mut params,
+                step,
+                swarm_batch,
+                eval,
+            } => {
+                let started = Instant::now();
+                let loss = self
+                    .task
+                    .local_step(
+                        &mut params,
+                        &mut self.batch,
+                        &mut self.grad,
+                        step,
+                        swarm_batch,
+                    )
+                    .context("local step")?;
+                let compute = started.elapsed();
+                self.stretch(compute);
+                let eval_loss = eval
+                    .then(|| self.task.evaluate(&params))
+                    .transpose()
+                    .context("eval")?;
+                Ok(Done::Step {
+                    params,
+                    loss,
+                    samples: self.samples(),
+                    eval_loss,
+                    compute: started.elapsed(),
+                    learning_rate: self.task.schedule.lr(step, swarm_batch),
+                })
+            }
+            Job::Gradient { params, mut grad } => {
+                let started = Instant::now();
+                self.task
+                    .dataset
+                    .fill_train_batch(self.task.batch_size, &mut self.batch);
+                let loss = self
+                    .task
+                    .model
+                    .loss_and_grad(&params, &self.batch, &mut grad)
+                    .context("gradient")?;
+                self.stretch(started.elapsed());
+                Ok(Done::Gradient {
+                    params,
+                    grad,
+                    loss,
+                    samples: self.samples(),
+                    compute: started.elapsed(),
+                })
+            }
+            Job::Apply {
+                mut params,
+                grad,
+                step,
+                swarm_batch,
+                eval,
+            } => {
+                let lr = self.task.schedule.lr(step, swarm_batch);
+                self.task
+                    .optimizer
+                    .step(&mut params, &grad, lr)
+                    .context("optimizer step")?;
+                let eval_loss = eval
+                    .then(|| self.task.evaluate(&params))
+                    .transpose()
+                    .context("eval")?;
+                Ok(Done::Applied {
+                    params,
+                    grad,
+                    eval_loss,
+                    learning_rate: lr,
+                })
+            }
+            Job::Eval { params } => {
+                let loss = self.task.evaluate(&params).context("eval")?;
+                Ok(Done::Eval { params, loss })
+            }
+        }
+    }
+}

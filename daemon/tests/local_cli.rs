@@ -1,0 +1,112 @@
+//! `murmur local`: bad flags exit 2 naming the flag, before anything is started; a small
+//! real swarm trains the built-in task and prints its summary as JSON.
+
+use std::process::{Command, Output};
+
+fn murmur_local(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_murmur"))
+        .arg("local")
+        .args(args)
+        .output()
+        .expect("murmur runs")
+}
+
+#[test]
+fn bad_flags_exit_2_naming_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("never-created");
+    let out = out.to_str().unwrap();
+    for (args, flag) in [
+        (vec!["--straggler", "9:4"], "--straggler"),
+        (vec!["--straggler", "1:0.5"], "--straggler"),
+        (vec!["--peers", "2", "--straggler", "2:3"], "--straggler"),
+        (vec!["--codec", "int9"], "--codec"),
+        (vec!["--codec", "int8:7"], "--codec"),
+        (vec!["--mode", "gossip"], "--mode"),
+        (vec!["--peers", "0"], "--peers"),
+        (vec!["--peers", "many"], "--peers"),
+        (vec!["--steps", "0"], "--steps"),
+        (vec!["--peers", "1", "--churn"], "--churn"),
+    ] {
+        let mut all = args.clone();
+        all.extend(["--out", out]);
+        let result = murmur_local(&all);
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert_eq!(result.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(flag),
+            "{args:?} should name {flag}: {stderr}"
+        );
+        assert!(
+            result.stdout.is_empty(),
+            "{args:?} printed {:?}",
+            result.stdout
+        );
+    }
+    assert!(
+        !tmp.path().join("never-created").exists(),
+        "nothing is created for bad flags"
+    );
+}
+
+#[test]
+fn a_non_empty_out_folder_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("keep-me"), "x").unwrap();
+    let result = murmur_local(&["--out", tmp.path().to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert_eq!(result.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--out") && stderr.contains("not empty"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn two_peers_train_and_report_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("swarm");
+    let result = murmur_local(&[
+        "--peers",
+        "2",
+        "--steps",
+        "20",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "exit {:?}\nstdout: {stdout}\nstderr: {}",
+        result.status,
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(summary["peers"], 2);
+    assert_eq!(summary["mode"], "sgp");
+    assert_eq!(summary["codec"], "int8:64");
+    assert_eq!(summary["finished"], 2);
+    let initial = summary["initial_eval_loss"].as_f64().unwrap();
+    let final_loss = summary["final_eval_loss"].as_f64().unwrap();
+    let floor = summary["loss_floor"].as_f64().unwrap();
+    assert!(final_loss < initial, "{final_loss} < {initial}");
+    assert!(floor < initial);
+    assert!(summary["wall_s"].as_f64().unwrap() > 0.0);
+    assert!(summary["bytes_sent_per_peer"].as_f64().unwrap() > 0.0);
+    let peers = summary["peer_results"].as_array().unwrap();
+    assert_eq!(peers.len(), 2);
+    for peer in peers {
+        assert_eq!(peer["status"], "finished", "{peer}");
+        assert_eq!(peer["steps"], 20, "{peer}");
+    }
+
+    let csv = std::fs::read_to_string(out.join("progress.csv")).unwrap();
+    assert!(csv.lines().count() > 4, "{csv}");
+    let png = std::fs::read(out.join("loss.png")).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+    for peer in 0..2 {
+        assert!(out.join(format!("peer-{peer}/murmur.log")).is_file());
+    }
+}
