@@ -16,6 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
+use murmur_trainer::TaskPreset;
 
 use super::args::LocalPlan;
 use crate::input_error::BadInput;
@@ -231,9 +232,11 @@ pub(crate) fn peer_config_text(c: &PeerConfig<'_>) -> String {
     }
     let _ = writeln!(
         t,
-        "\n[averaging]\nmode = {}\ncodec = {}\n",
+        "\n[averaging]\nmode = {}\ncodec = {}\ntarget_batch = {}\n",
         quoted(plan.mode.config_name()),
-        quoted(&plan.codec.to_string())
+        quoted(&plan.codec.to_string()),
+        // One round per local step of every peer: the same batch as the sync ring's.
+        plan.peers as u64 * TaskPreset::default_local().data.batch_size as u64
     );
     let _ = writeln!(
         t,
