@@ -34,3 +34,14 @@ if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-ge
       && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends fonts-dejavu-core; } \
     || echo "setup: could not install fonts-dejavu-core; loss.png will have no text" >&2
 fi
+
+# Python's safetensors (numpy backend): the daemon's export test loads the exported model with it.
+if ! python3 -c "import safetensors, numpy" >/dev/null 2>&1; then
+  if command -v python3 >/dev/null 2>&1; then
+    echo "setup: installing the Python packages safetensors and numpy" >&2
+    python3 -m pip install --quiet safetensors numpy \
+      || echo "setup: could not install safetensors and numpy; the export test will fail" >&2
+  else
+    echo "setup: python3 not found; the export test needs python3 with safetensors and numpy" >&2
+  fi
+fi

@@ -9,6 +9,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use murmur_protocol::snapshot::{Snapshot, SnapshotError, SnapshotLimits};
 use thiserror::Error;
@@ -16,6 +17,64 @@ use thiserror::Error;
 const PREFIX: &str = "ckpt-";
 const SUFFIX: &str = ".snap";
 const TEMP_SUFFIX: &str = ".snap.tmp";
+
+/// Crash injection for the crash-recovery tests, read once from the environment and inert
+/// unless set:
+///
+/// - `MURMUR_FAULT=checkpoint-crash-before-rename@STEP`: the first checkpoint of step STEP
+///   or later is written in full to its temporary file and synced; then the process aborts,
+///   before the rename.
+/// - `MURMUR_FAULT=checkpoint-torn-write@STEP`: the same, but only the first half of its
+///   bytes reaches the temporary file (a torn write).
+///
+/// Any other value is ignored.
+const FAULT_VAR: &str = "MURMUR_FAULT";
+
+/// A crash [`FAULT_VAR`] asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Abort after the temporary file is complete and synced, before the rename.
+    CrashBeforeRename {
+        /// The first checkpoint step it applies to.
+        step: u64,
+    },
+    /// Abort after half the bytes are written to the temporary file and synced.
+    TornWrite {
+        /// The first checkpoint step it applies to.
+        step: u64,
+    },
+}
+
+impl Fault {
+    /// Parses a [`FAULT_VAR`] value; `None` for anything else.
+    fn parse(value: &str) -> Option<Fault> {
+        let (kind, step) = value.trim().split_once('@')?;
+        let step = step.parse().ok()?;
+        match kind {
+            "checkpoint-crash-before-rename" => Some(Fault::CrashBeforeRename { step }),
+            "checkpoint-torn-write" => Some(Fault::TornWrite { step }),
+            _ => None,
+        }
+    }
+
+    /// The fault set for this process, if any, read once.
+    fn injected() -> Option<Fault> {
+        static FAULT: OnceLock<Option<Fault>> = OnceLock::new();
+        *FAULT.get_or_init(|| {
+            std::env::var(FAULT_VAR)
+                .ok()
+                .and_then(|value| Fault::parse(&value))
+        })
+    }
+
+    /// The bytes to write before aborting, if this fault applies to a checkpoint of `step`.
+    fn cut(self, step: u64, bytes: &[u8]) -> Option<&[u8]> {
+        match self {
+            Fault::CrashBeforeRename { step: from } => (step >= from).then_some(bytes),
+            Fault::TornWrite { step: from } => (step >= from).then(|| &bytes[..bytes.len() / 2]),
+        }
+    }
+}
 
 /// What went wrong with the checkpoint folder.
 #[derive(Debug, Error)]
@@ -91,6 +150,12 @@ impl CheckpointStore {
             }
         };
         let mut file = File::create(&temp).map_err(io("create", &temp))?;
+        if let Some(written) = Fault::injected().and_then(|f| f.cut(snapshot.step, &bytes)) {
+            // Injected crash (see FAULT_VAR): what a power cut at this moment leaves.
+            file.write_all(written).map_err(io("write", &temp))?;
+            file.sync_all().map_err(io("sync", &temp))?;
+            std::process::abort();
+        }
         file.write_all(&bytes).map_err(io("write", &temp))?;
         file.sync_all().map_err(io("sync", &temp))?;
         drop(file);
@@ -301,6 +366,32 @@ mod tests {
                 .join("ckpt-00000000000000000004.snap.tmp")
                 .exists()
         );
+    }
+
+    #[test]
+    fn crash_injection_is_parsed_strictly_and_cuts_where_asked() {
+        assert_eq!(
+            Fault::parse("checkpoint-crash-before-rename@30"),
+            Some(Fault::CrashBeforeRename { step: 30 })
+        );
+        assert_eq!(
+            Fault::parse("checkpoint-torn-write@0"),
+            Some(Fault::TornWrite { step: 0 })
+        );
+        for other in [
+            "",
+            "checkpoint-torn-write",
+            "checkpoint-torn-write@x",
+            "crash@3",
+        ] {
+            assert_eq!(Fault::parse(other), None, "{other:?}");
+        }
+        let bytes = [1u8, 2, 3, 4, 5, 6];
+        let torn = Fault::TornWrite { step: 20 };
+        assert_eq!(torn.cut(10, &bytes), None);
+        assert_eq!(torn.cut(20, &bytes), Some(&bytes[..3]));
+        let whole = Fault::CrashBeforeRename { step: 20 };
+        assert_eq!(whole.cut(30, &bytes), Some(&bytes[..]));
     }
 
     #[test]

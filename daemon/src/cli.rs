@@ -83,6 +83,32 @@ pub(crate) enum BenchCommand {
     Codecs(CodecsArgs),
     /// One libp2p tensor stream against raw quinn on loopback, in the same run.
     Stream(StreamArgs),
+    /// N peer processes on loopback average a vector with butterfly, ring or SGP: per
+    /// round time, bytes per peer, error against the exact mean, and efficiency against
+    /// one tensor stream measured in the same run.
+    Allreduce(AllreduceArgs),
+    /// One peer of `bench allreduce` (started by it).
+    #[command(hide = true)]
+    AllreducePeer(AllreducePeerArgs),
+    /// What the run loop's metric and status updates cost per training step, against the
+    /// same calls with metrics disabled and against a real step of the default task.
+    Metrics(MetricsBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct MetricsBenchArgs {
+    /// Timed repetitions per measurement; medians are reported.
+    #[arg(long, default_value_t = 7)]
+    pub(crate) repeats: usize,
+    /// A step's worth of updates per timed repetition.
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) updates: usize,
+    /// Training steps per timed repetition.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) steps: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -209,4 +235,59 @@ pub(crate) enum ConfigCommand {
         /// The config file.
         file: std::path::PathBuf,
     },
+}
+
+/// The collective `bench allreduce` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum AllreduceAlgo {
+    /// Butterfly all-reduce: one part per member, reduced by that member.
+    Butterfly,
+    /// Synchronous ring all-reduce.
+    Ring,
+    /// Push-sum gossip; a round is log2(N) push steps.
+    Sgp,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AllreduceArgs {
+    /// Peer processes.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) peers: usize,
+    /// Elements (f32) of the averaged vector.
+    #[arg(long, default_value_t = 10_000_000)]
+    pub(crate) elements: usize,
+    /// Wire codec (f32, f16, bf16, int8:64, ...).
+    #[arg(long, default_value = "f32")]
+    pub(crate) codec: String,
+    /// The collective.
+    #[arg(long, value_enum, default_value_t = AllreduceAlgo::Butterfly)]
+    pub(crate) algo: AllreduceAlgo,
+    /// Rounds; medians are reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) rounds: u64,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AllreducePeerArgs {
+    /// The peer's config file.
+    #[arg(long)]
+    pub(crate) config: std::path::PathBuf,
+    /// The peer's index, 0-based.
+    #[arg(long)]
+    pub(crate) index: usize,
+    /// Peers in the benchmark.
+    #[arg(long)]
+    pub(crate) peers: usize,
+    /// Elements of the vector.
+    #[arg(long)]
+    pub(crate) elements: usize,
+    /// The collective.
+    #[arg(long, value_enum)]
+    pub(crate) algo: AllreduceAlgo,
+    /// Rounds.
+    #[arg(long)]
+    pub(crate) rounds: u64,
 }

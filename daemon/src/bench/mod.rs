@@ -1,6 +1,9 @@
 //! `murmur bench`: measurements whose results go into BENCHMARKS.md.
 
+mod allreduce;
+mod allreduce_peer;
 mod codecs;
+mod metrics;
 mod stream;
 mod timing;
 
@@ -10,5 +13,8 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Codecs(args) => codecs::run(&args),
         BenchCommand::Stream(args) => stream::run(&args),
+        BenchCommand::Allreduce(args) => allreduce::run(&args),
+        BenchCommand::AllreducePeer(args) => allreduce_peer::run(&args),
+        BenchCommand::Metrics(args) => metrics::run(&args),
     }
 }

@@ -26,13 +26,14 @@ use std::io::{BufWriter, Write};
 
 use anyhow::Context;
 
+pub(crate) use self::args::AveragingMode as LocalAveragingMode;
 pub(crate) use self::args::LocalArgs;
-use self::args::LocalPlan;
+pub(crate) use self::args::LocalPlan;
 use self::live::LiveView;
 use self::peers::Launcher;
 use self::summary::{RunFacts, Summary};
 use self::supervisor::{Limits, supervise};
-use self::swarm_dir::SwarmDir;
+pub(crate) use self::swarm_dir::SwarmDir;
 
 /// Runs `murmur local`: fails with a [`BadInput`](crate::input_error::BadInput) for bad
 /// flags, and with an error after printing the summary when any peer did not finish.

@@ -13,13 +13,96 @@ use murmur_gossip::butterfly::{
     ButterflyRound, Group, Partition, PayloadRef, RoundInput, RoundOutput,
 };
 use murmur_gossip::net::NetEvent;
-use murmur_gossip::net::exchange::{Delivery, Parcel};
+use murmur_gossip::net::exchange::{Delivery, Parcel, SendReport};
 use murmur_gossip::ring::{RingAllReduce, RingInput, RingOutput};
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{AveragedChunk, ChunkAddress, TensorPartChunk};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::peer::{Peer, Request};
+use murmur_gossip::Time;
+use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::net::NetEvent as Event;
+use murmur_gossip::net::exchange::{Mailbox, Outbox};
+use murmur_protocol::codec::CodecSpec;
+use tokio::sync::broadcast;
+
+use super::peer::{Peer, Request, Signals};
+
+/// The queues a round reads and writes, borrowed together.
+pub(crate) struct RoundIo<'a> {
+    pub(crate) mailbox: &'a mut Mailbox,
+    pub(crate) outbox: &'a mut Outbox,
+    pub(crate) events: &'a mut broadcast::Receiver<Event>,
+    /// `None` where nobody sends signals (a benchmark peer).
+    pub(crate) signals: Option<&'a mut Signals>,
+}
+
+/// What a round needs from the process that runs it: a training peer, or a benchmark peer.
+pub(crate) trait RoundHost {
+    fn me(&self) -> PeerId;
+    fn now(&self) -> Time;
+    fn instant_of(&self, at: Time) -> tokio::time::Instant;
+    fn codec(&self) -> CodecSpec;
+    fn butterfly(&self) -> &ButterflyConfig;
+    fn ring_timeout(&self) -> Duration;
+    fn io(&mut self) -> RoundIo<'_>;
+    fn mailbox(&self) -> &Mailbox;
+    /// A membership event arrived during the round.
+    fn note_event(&mut self, event: &Event);
+    /// A pause or resume arrived during the round.
+    fn set_paused(&mut self, paused: bool);
+    /// `bytes` of raw `f32` went out (encoded).
+    fn count_raw(&mut self, bytes: u64);
+}
+
+impl RoundHost for Peer {
+    fn me(&self) -> PeerId {
+        self.me
+    }
+    fn now(&self) -> Time {
+        Peer::now(self)
+    }
+    fn instant_of(&self, at: Time) -> tokio::time::Instant {
+        Peer::instant_of(self, at)
+    }
+    fn codec(&self) -> CodecSpec {
+        self.settings.codec
+    }
+    fn butterfly(&self) -> &ButterflyConfig {
+        &self.settings.butterfly
+    }
+    fn ring_timeout(&self) -> Duration {
+        self.settings.ring_timeout
+    }
+    fn io(&mut self) -> RoundIo<'_> {
+        RoundIo {
+            mailbox: &mut self.mailbox,
+            outbox: &mut self.outbox,
+            events: &mut self.events,
+            signals: Some(&mut self.signals),
+        }
+    }
+    fn mailbox(&self) -> &Mailbox {
+        &self.mailbox
+    }
+    fn note_event(&mut self, event: &Event) {
+        Peer::note_event(self, event);
+    }
+    fn set_paused(&mut self, paused: bool) {
+        Peer::set_paused(self, paused);
+    }
+    fn count_raw(&mut self, bytes: u64) {
+        self.counters.raw_bytes += bytes;
+    }
+}
+
+/// Waits for the next signal, or forever without signals.
+async fn next_request(signals: Option<&mut Signals>) -> Request {
+    match signals {
+        Some(signals) => signals.next().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Most chunks held for rounds not yet started; the oldest go first.
 const EARLY_LIMIT: usize = 4096;
@@ -32,28 +115,28 @@ pub(crate) struct Early {
 
 impl Early {
     /// Keeps a delivery for later (a chunk) or recycles it (anything else).
-    pub(crate) fn keep(&mut self, peer: &Peer, delivery: Delivery) {
+    pub(crate) fn keep(&mut self, mailbox: &Mailbox, delivery: Delivery) {
         if group_of(&delivery.parcel).is_none() {
-            peer.mailbox.recycle(delivery.parcel.into_payload());
+            mailbox.recycle(delivery.parcel.into_payload());
             return;
         }
         if self.parcels.len() >= EARLY_LIMIT
             && let Some(old) = self.parcels.pop_front()
         {
-            peer.mailbox.recycle(old.parcel.into_payload());
+            mailbox.recycle(old.parcel.into_payload());
         }
         self.parcels.push_back(delivery);
     }
 
     /// Takes the chunks of `round`, dropping those of earlier rounds.
-    fn take(&mut self, peer: &Peer, round: u64) -> Vec<Delivery> {
+    fn take(&mut self, mailbox: &Mailbox, round: u64) -> Vec<Delivery> {
         let mut now = Vec::new();
         let mut later = VecDeque::new();
         for d in self.parcels.drain(..) {
             match group_of(&d.parcel) {
                 Some(g) if g == round => now.push(d),
                 Some(g) if g > round => later.push_back(d),
-                _ => peer.mailbox.recycle(d.parcel.into_payload()),
+                _ => mailbox.recycle(d.parcel.into_payload()),
             }
         }
         self.parcels = later;
@@ -77,6 +160,8 @@ pub(crate) struct RoundOutcome {
     /// Fraction of the vector averaged over every member.
     pub(crate) coverage: f64,
     pub(crate) duration: Duration,
+    /// When this member's result was complete (its own averages may still be going out).
+    pub(crate) finished_after: Duration,
     pub(crate) group: usize,
     /// A stop was requested while the round ran.
     pub(crate) stop_requested: bool,
@@ -94,6 +179,15 @@ impl RoundOutcome {
     }
 }
 
+/// What woke a round's loop.
+enum Wake {
+    Delivery(Delivery),
+    Report(SendReport),
+    Event(Result<Event, RecvError>),
+    Timer,
+    Request(Request),
+}
+
 /// Which collective a round runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Collective {
@@ -109,8 +203,8 @@ enum Machine {
 
 /// Runs round `round` among `members` (this peer included), averaging `local` with
 /// weight `weight`; gives up at `bound` and keeps local values for what is missing.
-pub(crate) async fn average(
-    peer: &mut Peer,
+pub(crate) async fn average<H: RoundHost>(
+    peer: &mut H,
     early: &mut Early,
     kind: Collective,
     round: u64,
@@ -122,14 +216,14 @@ pub(crate) async fn average(
     members.sort_unstable();
     members.dedup();
     let group = members.len();
-    let codec = peer.settings.codec;
+    let codec = peer.codec();
     let now = peer.now();
     let bound = match kind {
         Collective::Butterfly => {
-            let b = &peer.settings.butterfly;
+            let b = peer.butterfly();
             Duration::from_millis(b.reducer_timeout_ms + 2 * b.chunk_timeout_ms)
         }
-        Collective::Ring => peer.settings.ring_timeout,
+        Collective::Ring => peer.ring_timeout(),
     };
     let deadline = tokio::time::Instant::now() + bound;
     let mut machine = match kind {
@@ -138,15 +232,21 @@ pub(crate) async fn average(
             let partition = Partition::equal(local.len(), group, align)
                 .context("cannot split the vector into parts")?;
             let group = Group::new(round, round, members.clone(), partition)?;
-            let config = &peer.settings.butterfly;
+            let config = peer.butterfly();
             Machine::Butterfly(Box::new(ButterflyRound::new(
-                peer.me, group, local, weight, codec, config, now,
+                peer.me(),
+                group,
+                local,
+                weight,
+                codec,
+                config,
+                now,
             )?))
         }
         Collective::Ring => {
             let ring_deadline = now + bound;
             Machine::Ring(Box::new(RingAllReduce::new(
-                peer.me,
+                peer.me(),
                 members.clone(),
                 round,
                 local,
@@ -160,7 +260,8 @@ pub(crate) async fn average(
     let mut next_tag = 0u64;
     let mut finished: Option<f64> = None;
     let mut stop_requested = false;
-    for d in early.take(peer, round) {
+    let mut finished_after = None;
+    for d in early.take(peer.mailbox(), round) {
         feed(peer, &mut machine, d)?;
     }
     loop {
@@ -176,6 +277,9 @@ pub(crate) async fn average(
             Machine::Butterfly(r) => r.is_idle(),
             Machine::Ring(_) => sends.is_empty(),
         };
+        if finished.is_some() && finished_after.is_none() {
+            finished_after = Some(started.elapsed());
+        }
         if finished.is_some() && idle {
             break;
         }
@@ -193,18 +297,28 @@ pub(crate) async fn average(
         .map(|t| peer.instant_of(t))
         .unwrap_or(deadline)
         .min(deadline);
-        tokio::select! {
-            Some(d) = peer.mailbox.recv() => match group_of(&d.parcel) {
+        let wake = {
+            let io = peer.io();
+            tokio::select! {
+                Some(d) = io.mailbox.recv() => Wake::Delivery(d),
+                Some(report) = io.outbox.next_report() => Wake::Report(report),
+                event = io.events.recv() => Wake::Event(event),
+                () = tokio::time::sleep_until(timer) => Wake::Timer,
+                request = next_request(io.signals) => Wake::Request(request),
+            }
+        };
+        match wake {
+            Wake::Delivery(d) => match group_of(&d.parcel) {
                 Some(g) if g == round => feed(peer, &mut machine, d)?,
-                Some(g) if g > round => early.keep(peer, d),
-                _ => peer.mailbox.recycle(d.parcel.into_payload()),
+                Some(g) if g > round => early.keep(peer.mailbox(), d),
+                _ => peer.mailbox().recycle(d.parcel.into_payload()),
             },
-            Some(report) = peer.outbox.next_report() => {
+            Wake::Report(report) => {
                 if let Err(e) = &report.result {
                     tracing::debug!(peer = %report.to, error = %e, "chunk not sent");
                 }
                 let payload = report.parcel.into_payload();
-                peer.mailbox.recycle(payload);
+                peer.mailbox().recycle(payload);
                 if let Some((to, payload)) = sends.remove(&report.tag) {
                     let now = peer.now();
                     match &mut machine {
@@ -213,32 +327,28 @@ pub(crate) async fn average(
                     }
                 }
             }
-            event = peer.events.recv() => match event {
-                Ok(event) => {
-                    peer.note_event(&event);
-                    if let (NetEvent::PeerDisconnected { peer: gone }, Machine::Butterfly(r)) =
-                        (&event, &mut machine)
-                        && members.contains(gone)
-                    {
-                        let now = peer.now();
-                        r.handle(now, RoundInput::MemberLost(*gone))?;
-                    }
+            Wake::Event(Ok(event)) => {
+                peer.note_event(&event);
+                if let (NetEvent::PeerDisconnected { peer: gone }, Machine::Butterfly(r)) =
+                    (&event, &mut machine)
+                    && members.contains(gone)
+                {
+                    let now = peer.now();
+                    r.handle(now, RoundInput::MemberLost(*gone))?;
                 }
-                Err(RecvError::Lagged(_)) => {}
-                Err(RecvError::Closed) => anyhow::bail!("the network layer stopped"),
-            },
-            () = tokio::time::sleep_until(timer) => {
+            }
+            Wake::Event(Err(RecvError::Lagged(_))) => {}
+            Wake::Event(Err(RecvError::Closed)) => anyhow::bail!("the network layer stopped"),
+            Wake::Timer => {
                 let now = peer.now();
                 match &mut machine {
                     Machine::Butterfly(r) => r.handle(now, RoundInput::Tick)?,
                     Machine::Ring(r) => r.handle(now, RingInput::Tick)?,
                 }
             }
-            request = peer.signals.next() => match request {
-                Request::Stop => stop_requested = true,
-                Request::Pause => peer.set_paused(true),
-                Request::Resume => peer.set_paused(false),
-            },
+            Wake::Request(Request::Stop) => stop_requested = true,
+            Wake::Request(Request::Pause) => peer.set_paused(true),
+            Wake::Request(Request::Resume) => peer.set_paused(false),
         }
     }
     let coverage = finished.unwrap_or(0.0);
@@ -250,13 +360,14 @@ pub(crate) async fn average(
         values,
         coverage,
         duration: started.elapsed(),
+        finished_after: finished_after.unwrap_or_else(|| started.elapsed()),
         group,
         stop_requested,
     })
 }
 
 /// Hands one chunk of the current round to the machine.
-fn feed(peer: &mut Peer, machine: &mut Machine, d: Delivery) -> anyhow::Result<()> {
+fn feed<H: RoundHost>(peer: &mut H, machine: &mut Machine, d: Delivery) -> anyhow::Result<()> {
     let now = peer.now();
     let from = d.from;
     let result = match (&d.parcel, &mut *machine) {
@@ -303,13 +414,13 @@ fn feed(peer: &mut Peer, machine: &mut Machine, d: Delivery) -> anyhow::Result<(
         // A bad chunk costs its sender its contribution, never the round.
         tracing::warn!(peer = %from, error = %e, "chunk refused");
     }
-    peer.mailbox.recycle(d.parcel.into_payload());
+    peer.mailbox().recycle(d.parcel.into_payload());
     Ok(())
 }
 
 /// Acts on every output the machine has queued.
-fn drain(
-    peer: &mut Peer,
+fn drain<H: RoundHost>(
+    peer: &mut H,
     machine: &mut Machine,
     sends: &mut HashMap<u64, (PeerId, PayloadRef)>,
     next_tag: &mut u64,
@@ -372,7 +483,7 @@ fn drain(
                     weight,
                     payload,
                 }) => {
-                    let codec = peer.settings.codec;
+                    let codec = peer.codec();
                     let make = move |b| part_chunk(address, weight, codec, b);
                     (to, Box::new(make), payload, address.elements)
                 }
@@ -392,19 +503,19 @@ fn drain(
             Machine::Ring(r) => r.payload(payload),
         }
         .context("a send output named no payload")?;
-        let mut buf = peer.mailbox.pool().take();
+        let mut buf = peer.mailbox().pool().take();
         buf.extend_from_slice(bytes);
-        peer.counters.raw_bytes += u64::from(elements) * 4;
+        peer.count_raw(u64::from(elements) * 4);
         let tag = *next_tag;
         *next_tag += 1;
-        match peer.outbox.send(to, tag, parcel_of(buf)) {
+        match peer.io().outbox.send(to, tag, parcel_of(buf)) {
             Ok(()) => {
                 sends.insert(tag, (to, payload));
             }
             Err(parcel) => {
                 // The destination's queue is full: the chunk is lost to it, as if its
                 // connection had failed; the round's timeouts take care of the rest.
-                peer.mailbox.recycle(parcel.into_payload());
+                peer.mailbox().recycle(parcel.into_payload());
                 let now = peer.now();
                 match machine {
                     Machine::Butterfly(r) => r.handle(now, RoundInput::Sent { to, payload })?,

@@ -6,7 +6,7 @@
 //! comes first: a message, a send report, a finished step, a membership change, a timer,
 //! or a signal.
 
-mod collective;
+pub(crate) mod collective;
 mod peer;
 mod progress;
 mod rounds;

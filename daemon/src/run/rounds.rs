@@ -310,7 +310,7 @@ async fn serve(peer: &mut Peer, state: &mut Rounds, trainer: bool) -> Option<any
         done = peer.worker.done.recv(), if trainer => {
             return Some(done.context("the trainer thread stopped").and_then(|d| d));
         }
-        Some(d) = peer.mailbox.recv() => state.early.keep(peer, d),
+        Some(d) = peer.mailbox.recv() => state.early.keep(&peer.mailbox, d),
         Some(report) = peer.outbox.next_report() => {
             peer.mailbox.recycle(report.parcel.into_payload());
         }

@@ -358,7 +358,9 @@ impl SgpLoop {
                         to,
                         header,
                         payload: &payload,
-                        receiver_gone: true,
+                        // A failed stream is not a departed peer: the network says when
+                        // its last connection closes (PeerDisconnected).
+                        receiver_gone: !peer.peers.contains_key(&to),
                     },
                 )?;
             }

@@ -1,0 +1,401 @@
+//! One process of `murmur bench allreduce`: joins the benchmark swarm and averages a known
+//! vector round after round, printing one JSON line per round (time, bytes sent, relative
+//! error against the exact weighted mean, coverage).
+//!
+//! Peer `i` holds `x_i[k] = (i + 1) · sin(0.001·k + i)` with weight `i + 1`, so every peer
+//! can compute the exact weighted mean of all `N` peers by itself.
+
+use std::collections::BTreeSet;
+use std::io::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use murmur_gossip::Time;
+use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel};
+use murmur_gossip::net::{self, NetEvent, NetHandle, NetIdentity};
+use murmur_gossip::sgp::{SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::PushSumShare;
+use serde_json::json;
+use tokio::sync::broadcast;
+
+use crate::cli::{AllreduceAlgo, AllreducePeerArgs};
+use crate::config;
+use crate::input_error::BadInput;
+use crate::run::collective::{self, Collective, Early, RoundHost, RoundIo};
+
+/// How long a peer waits for the whole swarm before it gives up.
+const GATHER_BOUND: Duration = Duration::from_secs(60);
+
+/// The benchmark vector of peer `index`, and its weight.
+pub(crate) fn vector_of(index: usize, elements: usize) -> (Vec<f32>, f32) {
+    let scale = (index + 1) as f32;
+    let phase = index as f32;
+    let x = (0..elements)
+        .map(|k| scale * (0.001 * k as f32 + phase).sin())
+        .collect();
+    (x, scale)
+}
+
+/// The exact weighted mean over peers `0..peers` (in f64), or the plain mean for SGP.
+fn exact_mean(peers: usize, elements: usize, weighted: bool) -> Vec<f64> {
+    let mut sum = vec![0f64; elements];
+    let mut total = 0f64;
+    for i in 0..peers {
+        let (x, w) = vector_of(i, elements);
+        let w = if weighted { f64::from(w) } else { 1.0 };
+        total += w;
+        for (s, &v) in sum.iter_mut().zip(&x) {
+            *s += w * f64::from(v);
+        }
+    }
+    sum.iter_mut().for_each(|s| *s /= total);
+    sum
+}
+
+fn relative_error(values: &[f32], exact: &[f64]) -> f64 {
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&v, &e) in values.iter().zip(exact) {
+        diff += (f64::from(v) - e).powi(2);
+        norm += e * e;
+    }
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+struct BenchPeer {
+    me: PeerId,
+    net: NetHandle,
+    mailbox: Mailbox,
+    outbox: Outbox,
+    events: broadcast::Receiver<NetEvent>,
+    peers: BTreeSet<PeerId>,
+    clock: Instant,
+    codec: CodecSpec,
+    butterfly: ButterflyConfig,
+    raw_bytes: u64,
+}
+
+impl RoundHost for BenchPeer {
+    fn me(&self) -> PeerId {
+        self.me
+    }
+    fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.clock.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+    fn instant_of(&self, at: Time) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.clock + Duration::from_nanos(at.as_nanos()))
+    }
+    fn codec(&self) -> CodecSpec {
+        self.codec
+    }
+    fn butterfly(&self) -> &ButterflyConfig {
+        &self.butterfly
+    }
+    fn ring_timeout(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+    fn io(&mut self) -> RoundIo<'_> {
+        RoundIo {
+            mailbox: &mut self.mailbox,
+            outbox: &mut self.outbox,
+            events: &mut self.events,
+            signals: None,
+        }
+    }
+    fn mailbox(&self) -> &Mailbox {
+        &self.mailbox
+    }
+    fn note_event(&mut self, event: &NetEvent) {
+        match event {
+            NetEvent::PeerAuthorized { peer, .. } => {
+                self.peers.insert(*peer);
+            }
+            NetEvent::PeerDisconnected { peer } | NetEvent::PeerRejected { peer, .. } => {
+                self.peers.remove(peer);
+            }
+            NetEvent::Heartbeat { .. } => {}
+        }
+    }
+    fn set_paused(&mut self, _: bool) {}
+    fn count_raw(&mut self, bytes: u64) {
+        self.raw_bytes += bytes;
+    }
+}
+
+fn emit(line: serde_json::Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// `murmur bench allreduce-peer`.
+pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
+    let loaded = config::load(&args.config).map_err(|e| BadInput(e.to_string()))?;
+    crate::observe::init_logging("warn", crate::observe::LogFormat::Human)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let identity = NetIdentity::from_keypair(&loaded.keypair);
+        let me = identity.peer_id();
+        let (net, inbound) = net::spawn(&loaded.net, identity).await?;
+        let events = net.subscribe();
+        let mailbox = Mailbox::spawn(inbound.tensor_streams, MailboxConfig::default());
+        let outbox = Outbox::new(net.clone(), OutboxConfig::default());
+        let listen: Vec<String> = net
+            .listen_addrs()
+            .await?
+            .iter()
+            .map(|a| format!("{a}/p2p/{me}"))
+            .collect();
+        emit(json!({"event": "ready", "listen": listen}));
+        let mut peer = BenchPeer {
+            me,
+            net: net.clone(),
+            mailbox,
+            outbox,
+            events,
+            peers: BTreeSet::new(),
+            clock: Instant::now(),
+            codec: loaded.averaging.codec,
+            butterfly: loaded.averaging.butterfly.clone(),
+            raw_bytes: 0,
+        };
+        let result = bench(&mut peer, args, loaded.averaging.sgp.clone()).await;
+        if let Err(e) = &result {
+            emit(json!({"event": "done", "error": format!("{e:#}")}));
+        }
+        // Let the last averaged chunks reach slower peers before closing.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
+        result
+    })
+}
+
+async fn gather(peer: &mut BenchPeer, want: usize) -> anyhow::Result<()> {
+    let until = tokio::time::Instant::now() + GATHER_BOUND;
+    while peer.peers.len() < want {
+        match tokio::time::timeout_at(until, peer.events.recv()).await {
+            Err(_) => anyhow::bail!(
+                "only {} of {want} other peers connected within {GATHER_BOUND:?}",
+                peer.peers.len()
+            ),
+            Ok(Ok(event)) => peer.note_event(&event),
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
+            Ok(Err(broadcast::error::RecvError::Closed)) => anyhow::bail!("the network stopped"),
+        }
+    }
+    Ok(())
+}
+
+async fn bench(
+    peer: &mut BenchPeer,
+    args: &AllreducePeerArgs,
+    sgp: SgpConfig,
+) -> anyhow::Result<()> {
+    gather(peer, args.peers - 1).await?;
+    // Everyone is connected; give their own gathering a moment to finish too.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (local, weight) = vector_of(args.index, args.elements);
+    match args.algo {
+        AllreduceAlgo::Butterfly | AllreduceAlgo::Ring => {
+            let exact = exact_mean(args.peers, args.elements, true);
+            let kind = if args.algo == AllreduceAlgo::Ring {
+                Collective::Ring
+            } else {
+                Collective::Butterfly
+            };
+            let mut early = Early::default();
+            for round in 0..args.rounds {
+                let sent_before = peer.net.metrics().snapshot().tensor_bytes_sent;
+                let mut members: Vec<PeerId> = peer.peers.iter().copied().collect();
+                members.push(peer.me);
+                let started = Instant::now();
+                let outcome = collective::average(
+                    peer,
+                    &mut early,
+                    kind,
+                    round,
+                    members,
+                    local.clone(),
+                    weight,
+                )
+                .await?;
+                let time_s = outcome.finished_after.as_secs_f64();
+                let idle_s = started.elapsed().as_secs_f64();
+                let sent = peer.net.metrics().snapshot().tensor_bytes_sent - sent_before;
+                emit(json!({
+                    "event": "round",
+                    "round": round,
+                    "time_s": time_s,
+                    "until_idle_s": idle_s,
+                    "bytes_sent": sent,
+                    "rel_error": relative_error(&outcome.values, &exact),
+                    "coverage": outcome.coverage,
+                    "group": outcome.group,
+                }));
+            }
+        }
+        AllreduceAlgo::Sgp => gossip(peer, args, sgp, local).await?,
+    }
+    emit(json!({"event": "done"}));
+    Ok(())
+}
+
+/// SGP as pure averaging: no training, each "round" is log2(N) push steps; the error is of
+/// `z = x / w` against the plain mean (push-sum starts every peer at weight 1).
+async fn gossip(
+    peer: &mut BenchPeer,
+    args: &AllreducePeerArgs,
+    config: SgpConfig,
+    local: Vec<f32>,
+) -> anyhow::Result<()> {
+    let exact = exact_mean(args.peers, args.elements, false);
+    let members: Vec<PeerId> = peer.peers.iter().copied().collect();
+    let mut machine = SgpPeer::new(peer.me, members, local, config)?;
+    let steps_per_round = u64::from(usize::BITS - (args.peers - 1).leading_zeros()).max(1);
+    let mut z = vec![0f32; args.elements];
+    let bound = Duration::from_secs(120);
+    let mut pending: Option<u64> = None;
+    for round in 0..args.rounds {
+        let started = Instant::now();
+        let sent_before = peer.net.metrics().snapshot().tensor_bytes_sent;
+        let target = steps_per_round * (round + 1);
+        if pending.take().is_some() {
+            let now = peer.now();
+            machine.handle(now, SgpInput::LocalStepDone)?;
+        }
+        let deadline = tokio::time::Instant::now() + bound;
+        // A round ends when this peer has pushed `target` shares in all and folded in as
+        // many: with every view equal, each step has exactly one in-neighbour.
+        let round_done =
+            |m: &SgpPeer<PeerId>| m.steps_done() >= target && m.stats().shares_received >= target;
+        while !round_done(&machine) {
+            while let Some(output) = machine.poll_output() {
+                match output {
+                    SgpOutput::StartStep { step } => {
+                        // A step past the round waits for the next round.
+                        if step < target {
+                            let now = peer.now();
+                            machine.handle(now, SgpInput::LocalStepDone)?;
+                        } else {
+                            pending = Some(step);
+                        }
+                    }
+                    SgpOutput::SendShare {
+                        to,
+                        header,
+                        payload,
+                    } => {
+                        let elements = u32::try_from(args.elements)?;
+                        let parcel = Parcel::Share(
+                            PushSumShare {
+                                step: header.step,
+                                chunk: 0,
+                                chunk_count: 1,
+                                offset: 0,
+                                elements,
+                                weight: header.weight,
+                                reference_step: header.reference,
+                                codec: header.codec,
+                                payload: &[],
+                            },
+                            payload,
+                        );
+                        if let Err(parcel) = peer.outbox.send(to, header.seq, parcel) {
+                            let payload = parcel.into_payload();
+                            let now = peer.now();
+                            let input = SgpInput::ShareReturned {
+                                to,
+                                header,
+                                payload: &payload,
+                                receiver_gone: false,
+                            };
+                            machine.handle(now, input)?;
+                        }
+                    }
+                    SgpOutput::Departed => {}
+                }
+            }
+            if round_done(&machine) {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "gossip round {round} took longer than {bound:?}"
+            );
+            let timer = machine
+                .poll_timeout()
+                .map(|t| peer.instant_of(t))
+                .unwrap_or(deadline)
+                .min(deadline);
+            tokio::select! {
+                Some(d) = peer.mailbox.recv() => {
+                    if let Parcel::Share(share, payload) = &d.parcel {
+                        let header = ShareHeader {
+                            seq: 0,
+                            step: share.step,
+                            weight: share.weight,
+                            reference: share.reference_step,
+                            codec: share.codec,
+                        };
+                        let now = peer.now();
+                        let input = SgpInput::ShareReceived { from: d.from, header, payload };
+                        if let Err(e) = machine.handle(now, input) {
+                            tracing::warn!(error = %e, "share refused");
+                        }
+                    }
+                    peer.mailbox.recycle(d.parcel.into_payload());
+                }
+                Some(report) = peer.outbox.next_report() => {
+                    let now = peer.now();
+                    let to = report.to;
+                    if let Parcel::Share(share, payload) = report.parcel {
+                        if report.result.is_ok() {
+                            machine.handle(now, SgpInput::ShareDelivered { to, seq: report.tag })?;
+                        } else {
+                            let header = ShareHeader {
+                                seq: report.tag,
+                                step: share.step,
+                                weight: share.weight,
+                                reference: share.reference_step,
+                                codec: share.codec,
+                            };
+                            let input = SgpInput::ShareReturned {
+                                to,
+                                header,
+                                payload: &payload,
+                                // A failed stream is not a departed peer: the network
+                                // says when its last connection closes.
+                                receiver_gone: !peer.peers.contains(&to),
+                            };
+                            machine.handle(now, input)?;
+                        }
+                        machine.recycle(payload);
+                    }
+                }
+                () = tokio::time::sleep_until(timer) => {
+                    let now = peer.now();
+                    machine.handle(now, SgpInput::Tick)?;
+                }
+            }
+        }
+        machine.debiased_into(&mut z)?;
+        let sent = peer.net.metrics().snapshot().tensor_bytes_sent - sent_before;
+        emit(json!({
+            "event": "round",
+            "round": round,
+            "time_s": started.elapsed().as_secs_f64(),
+            "until_idle_s": started.elapsed().as_secs_f64(),
+            "bytes_sent": sent,
+            "rel_error": relative_error(&z, &exact),
+            "coverage": 1.0,
+            "group": args.peers,
+        }));
+    }
+    Ok(())
+}

@@ -1,0 +1,191 @@
+//! Checkpoint crash recovery with a real `murmur run`: a crash injected while a checkpoint
+//! is being written (`MURMUR_FAULT`, see `daemon/src/checkpoint.rs`), or a newest checkpoint
+//! torn on disk, and the restart resumes from the previous valid checkpoint.
+
+mod run_support;
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use run_support::{PeerDir, PeerSettings, Swarm, decode_checkpoint, exclusive};
+
+/// How long a solo peer may take for its few dozen steps.
+const RUN_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Samples per step of the built-in task.
+const BATCH: u64 = 16;
+
+/// SIGABRT, what `std::process::abort` dies of.
+const SIGABRT: i32 = 6;
+
+/// A peer alone (no bootstrap), checkpointing every 10 steps and keeping them all.
+fn solo(swarm: &Swarm, steps: u64) -> PeerDir {
+    let dir = swarm.add_peer("solo");
+    dir.write_config(&PeerSettings {
+        steps,
+        checkpoint_every_steps: 10,
+        checkpoint_keep: 10,
+        ..PeerSettings::default()
+    });
+    dir
+}
+
+/// The checkpoint file of `step`, and its temporary file.
+fn checkpoint_file(dir: &PeerDir, step: u64) -> (PathBuf, PathBuf) {
+    let base = format!("ckpt-{step:020}");
+    let folder = dir.checkpoint_dir();
+    (
+        folder.join(format!("{base}.snap")),
+        folder.join(format!("{base}.snap.tmp")),
+    )
+}
+
+/// The file names in the checkpoint folder, sorted.
+fn checkpoint_names(dir: &PeerDir) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.checkpoint_dir())
+        .expect("the checkpoint folder exists")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Runs the peer with `fault` injected at step 30: it must die of SIGABRT with checkpoints
+/// 10 and 20 in place and checkpoint 30 only as a temporary file.
+fn crash_at_step_30(dir: &PeerDir, fault: &str) -> PathBuf {
+    let mut peer = dir.start_with_env(&[("MURMUR_FAULT", fault)]);
+    let status = peer.wait_exit(RUN_PATIENCE);
+    assert_eq!(
+        status.signal(),
+        Some(SIGABRT),
+        "the injected crash should abort the peer, got {status}\n{}",
+        peer.log()
+    );
+    peer.read_to_end(Duration::from_secs(5));
+    assert!(
+        !peer.seen.iter().any(|l| l.is("done")),
+        "a crashed peer printed `done`"
+    );
+    let (final_30, temp_30) = checkpoint_file(dir, 30);
+    assert!(!final_30.exists(), "checkpoint 30 reached its final name");
+    assert!(temp_30.is_file(), "no temporary file of checkpoint 30");
+    for step in [10, 20] {
+        let (path, _) = checkpoint_file(dir, step);
+        let snapshot = decode_checkpoint(&path).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(snapshot.step, step);
+    }
+    assert_eq!(
+        checkpoint_names(dir).len(),
+        3,
+        "{:?}",
+        checkpoint_names(dir)
+    );
+    temp_30
+}
+
+/// Restarts the peer without faults: it must resume from checkpoint 20 (`resumed_from`),
+/// run to `steps` and finish, with every sample since step 0 counted.
+fn restart_resumes_from(dir: &PeerDir, resumed_from: u64, steps: u64) {
+    let mut peer = dir.start();
+    let status = peer.wait_exit(RUN_PATIENCE);
+    assert!(status.success(), "restart failed: {status}\n{}", peer.log());
+    peer.read_to_end(Duration::from_secs(5));
+    let log = peer.log();
+    let (path, _) = checkpoint_file(dir, resumed_from);
+    let resumed = log
+        .lines()
+        .find(|l| l.contains("resumed from a checkpoint"))
+        .unwrap_or_else(|| panic!("the restart did not resume:\n{log}"));
+    assert!(
+        resumed.contains(&path.display().to_string())
+            && resumed.contains(&format!("step={resumed_from}")),
+        "resumed from the wrong checkpoint: {resumed}"
+    );
+    let first = peer
+        .seen
+        .iter()
+        .find(|l| l.is("progress"))
+        .unwrap_or_else(|| peer.fail("no progress line"));
+    let first_step = first.u64("step");
+    assert!(
+        (resumed_from..resumed_from + 10).contains(&first_step),
+        "the restart's first progress line is at step {first_step}"
+    );
+    let done = peer
+        .seen
+        .last()
+        .filter(|l| l.is("done"))
+        .unwrap_or_else(|| peer.fail("the last line is not `done`"));
+    assert_eq!(done.str("exit"), "finished", "{}", done.json);
+    assert_eq!(done.u64("step"), steps, "{}", done.json);
+    assert_eq!(done.u64("samples"), steps * BATCH, "{}", done.json);
+}
+
+#[test]
+fn a_crash_before_the_rename_resumes_from_the_previous_checkpoint() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let dir = solo(&swarm, 40);
+    let temp = crash_at_step_30(&dir, "checkpoint-crash-before-rename@30");
+    // The temporary file is complete: it is skipped because it was never renamed, not
+    // because it is damaged.
+    let complete = decode_checkpoint(&temp).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(complete.step, 30);
+
+    restart_resumes_from(&dir, 20, 40);
+    assert!(
+        !temp.exists(),
+        "the leftover temporary file was not removed"
+    );
+}
+
+#[test]
+fn a_torn_checkpoint_write_resumes_from_the_previous_checkpoint() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let dir = solo(&swarm, 40);
+    let temp = crash_at_step_30(&dir, "checkpoint-torn-write@30");
+    let torn = decode_checkpoint(&temp);
+    assert!(torn.is_err(), "the torn file decodes: {torn:?}");
+
+    restart_resumes_from(&dir, 20, 40);
+    assert!(
+        !temp.exists(),
+        "the leftover temporary file was not removed"
+    );
+}
+
+#[test]
+fn a_newest_checkpoint_torn_on_disk_is_skipped_with_a_warning() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let dir = solo(&swarm, 30);
+    let mut peer = dir.start();
+    let status = peer.wait_exit(RUN_PATIENCE);
+    assert!(
+        status.success(),
+        "first run failed: {status}\n{}",
+        peer.log()
+    );
+    drop(peer);
+
+    let (newest, _) = checkpoint_file(&dir, 30);
+    let bytes = std::fs::read(&newest).expect("checkpoint 30 exists");
+    std::fs::write(&newest, &bytes[..bytes.len() / 2]).expect("checkpoint 30 is cut");
+
+    dir.write_config(&PeerSettings {
+        steps: 40,
+        checkpoint_every_steps: 10,
+        checkpoint_keep: 10,
+        ..PeerSettings::default()
+    });
+    restart_resumes_from(&dir, 20, 40);
+    let log = std::fs::read_to_string(dir.log_path()).expect("the log");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("skipping a checkpoint that cannot be used")
+                && l.contains(&newest.display().to_string())),
+        "no warning naming the torn checkpoint:\n{log}"
+    );
+}
