@@ -268,6 +268,13 @@ pub(crate) struct AllreduceArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Fault injection: `kill -9` this peer (by index) as round `--kill-at-round` starts;
+    /// the survivors' rounds report what coverage they got.
+    #[arg(long)]
+    pub(crate) kill_peer: Option<usize>,
+    /// The round during which `--kill-peer` is killed (at least 1).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) kill_at_round: u64,
 }
 
 #[derive(Debug, Args)]

@@ -47,6 +47,17 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     if !(1..=100).contains(&args.rounds) {
         return Err(BadInput(format!("--rounds {}: expected 1 to 100", args.rounds)).into());
     }
+    if let Some(victim) = args.kill_peer
+        && (victim >= args.peers || victim == 0 || !(1..args.rounds).contains(&args.kill_at_round))
+    {
+        return Err(BadInput(format!(
+            "--kill-peer {victim} --kill-at-round {}: the peer must be 1 to {} (peer 0 is the bootstrap) and the round 1 to {}",
+            args.kill_at_round,
+            args.peers - 1,
+            args.rounds - 1
+        ))
+        .into());
+    }
     let codec = CodecSpec::parse(&args.codec)
         .map_err(|e| BadInput(format!("--codec {}: {e}", args.codec)))?;
 
@@ -80,7 +91,7 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         }
     }
     drop(tx);
-    let rounds = collect(&rx, args)?;
+    let rounds = collect(&rx, args, &mut children)?;
     drop(children);
     report(args, codec, stream_bps, &rounds, dir.root())
 }
@@ -157,9 +168,11 @@ fn spawn_peer(
 fn collect(
     rx: &mpsc::Receiver<(usize, String)>,
     args: &AllreduceArgs,
+    children: &mut Children,
 ) -> anyhow::Result<Vec<Vec<Option<Value>>>> {
     let mut rounds = vec![vec![None; args.peers]; args.rounds as usize];
     let mut done = vec![false; args.peers];
+    let mut killed = false;
     let started = Instant::now();
     let overall = SILENCE_BOUND * 2 + Duration::from_secs(60) * args.rounds as u32;
     while !done.iter().all(|&d| d) {
@@ -176,6 +189,16 @@ fn collect(
         match value["event"].as_str() {
             Some("round") => {
                 let round = value["round"].as_u64().unwrap_or(u64::MAX) as usize;
+                // The victim dies as the first peer moves on to the chosen round.
+                if let Some(victim) = args.kill_peer
+                    && !killed
+                    && round as u64 + 1 == args.kill_at_round
+                    && let Some(child) = children.0.get_mut(victim)
+                {
+                    child.kill().context("cannot kill the chosen peer")?;
+                    killed = true;
+                    done[victim] = true;
+                }
                 if let Some(slot) = rounds.get_mut(round).and_then(|r| r.get_mut(index)) {
                     *slot = Some(value);
                 }
@@ -202,7 +225,12 @@ fn report(
     let mut rows = Vec::new();
     for (round, peers) in rounds.iter().enumerate() {
         let lines: Vec<&Value> = peers.iter().flatten().collect();
-        if lines.len() != peers.len() {
+        let expected = match args.kill_peer {
+            // The victim may die before it reports the round before the chosen one.
+            Some(_) if round as u64 + 1 >= args.kill_at_round => peers.len() - 1,
+            _ => peers.len(),
+        };
+        if lines.len() < expected {
             bail!(
                 "round {round}: only {} of {} peers reported",
                 lines.len(),
@@ -218,12 +246,14 @@ fn report(
         let bytes: f64 = f("bytes_sent").sum();
         let error = f("rel_error").fold(0.0, f64::max);
         let coverage = f("coverage").fold(1.0, f64::min);
+        let coverage_all = f("coverage_all").fold(1.0, f64::min);
         rows.push(json!({
             "round": round,
             "time_s": time,
             "bytes_sent_per_peer": bytes / lines.len() as f64,
             "rel_error": error,
             "coverage": coverage,
+            "coverage_all": coverage_all,
             "efficiency": bytes / time / stream_bps,
         }));
     }

@@ -236,6 +236,7 @@ async fn bench(
                     "bytes_sent": sent,
                     "rel_error": relative_error(&outcome.values, &exact),
                     "coverage": outcome.coverage,
+                    "coverage_all": outcome.coverage_all,
                     "group": outcome.group,
                 }));
             }

@@ -157,8 +157,11 @@ fn group_of(parcel: &Parcel) -> Option<u64> {
 pub(crate) struct RoundOutcome {
     /// The averaged vector (local values where the round could not average).
     pub(crate) values: Vec<f32>,
-    /// Fraction of the vector averaged over every member.
+    /// Fraction of the vector averaged over every member still alive (senders the round
+    /// had to drop are not counted against it).
     pub(crate) coverage: f64,
+    /// Fraction of the vector averaged over every member of the group.
+    pub(crate) coverage_all: f64,
     pub(crate) duration: Duration,
     /// When this member's result was complete (its own averages may still be going out).
     pub(crate) finished_after: Duration,
@@ -258,7 +261,7 @@ pub(crate) async fn average<H: RoundHost>(
     };
     let mut sends: HashMap<u64, (PeerId, PayloadRef)> = HashMap::new();
     let mut next_tag = 0u64;
-    let mut finished: Option<f64> = None;
+    let mut finished: Option<(f64, f64)> = None;
     let mut stop_requested = false;
     let mut finished_after = None;
     for d in early.take(peer.mailbox(), round) {
@@ -351,7 +354,7 @@ pub(crate) async fn average<H: RoundHost>(
             Wake::Request(Request::Resume) => peer.set_paused(false),
         }
     }
-    let coverage = finished.unwrap_or(0.0);
+    let (coverage, coverage_all) = finished.unwrap_or((0.0, 0.0));
     let values = match machine {
         Machine::Butterfly(r) => r.into_vectors().1,
         Machine::Ring(r) => r.result().to_vec(),
@@ -359,6 +362,7 @@ pub(crate) async fn average<H: RoundHost>(
     Ok(RoundOutcome {
         values,
         coverage,
+        coverage_all,
         duration: started.elapsed(),
         finished_after: finished_after.unwrap_or_else(|| started.elapsed()),
         group,
@@ -424,7 +428,7 @@ fn drain<H: RoundHost>(
     machine: &mut Machine,
     sends: &mut HashMap<u64, (PeerId, PayloadRef)>,
     next_tag: &mut u64,
-    finished: &mut Option<f64>,
+    finished: &mut Option<(f64, f64)>,
     group: usize,
 ) -> anyhow::Result<()> {
     loop {
@@ -471,7 +475,12 @@ fn drain<H: RoundHost>(
                 }
                 Some(RoundOutput::Finished(report)) => {
                     let members = u32::try_from(group).unwrap_or(u32::MAX);
-                    *finished = Some(report.fraction_covered_by(members));
+                    let dropped = u32::try_from(report.dropped_senders.len()).unwrap_or(0);
+                    let alive = members.saturating_sub(dropped).max(1);
+                    *finished = Some((
+                        report.fraction_covered_by(alive),
+                        report.fraction_covered_by(members),
+                    ));
                     continue;
                 }
             },
@@ -488,12 +497,12 @@ fn drain<H: RoundHost>(
                     (to, Box::new(make), payload, address.elements)
                 }
                 Some(RingOutput::Finished) => {
-                    *finished = Some(1.0);
+                    *finished = Some((1.0, 1.0));
                     continue;
                 }
                 Some(RingOutput::Failed { steps_received }) => {
                     tracing::warn!(steps_received, "ring round failed; keeping local values");
-                    *finished = Some(0.0);
+                    *finished = Some((0.0, 0.0));
                     continue;
                 }
             },
