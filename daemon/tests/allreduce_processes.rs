@@ -141,3 +141,13 @@ fn a_member_killed_mid_round_costs_the_survivors_at_most_the_chunk_timeouts() {
     // The survivors go on among themselves.
     assert_eq!(field(&rounds[3], "coverage"), 1.0, "{}", rounds[3]);
 }
+
+#[test]
+fn eight_processes_find_each_other_from_one_bootstrap_address_within_10_s() {
+    // Every peer is given only peer 0's address; each waits until it is connected to all
+    // seven others, which it can only learn through Kademlia.
+    let summary = bench(&["--peers", "8", "--elements", "1000", "--rounds", "1"]);
+    let discovery = summary["discovery_s"].as_f64().expect("discovery_s");
+    assert!(discovery > 0.0 && discovery <= 10.0, "{discovery} s");
+    assert_eq!(field(&rounds(&summary)[0], "coverage"), 1.0);
+}

@@ -91,9 +91,9 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         }
     }
     drop(tx);
-    let rounds = collect(&rx, args, &mut children)?;
+    let (rounds, discovery_s) = collect(&rx, args, &mut children)?;
     drop(children);
-    report(args, codec, stream_bps, &rounds, dir.root())
+    report(args, codec, stream_bps, &rounds, discovery_s, dir.root())
 }
 
 /// One libp2p tensor stream's throughput on this machine, bytes per second (median).
@@ -169,10 +169,11 @@ fn collect(
     rx: &mpsc::Receiver<(usize, String)>,
     args: &AllreduceArgs,
     children: &mut Children,
-) -> anyhow::Result<Vec<Vec<Option<Value>>>> {
+) -> anyhow::Result<(Vec<Vec<Option<Value>>>, f64)> {
     let mut rounds = vec![vec![None; args.peers]; args.rounds as usize];
     let mut done = vec![false; args.peers];
     let mut killed = false;
+    let mut discovery = vec![None; args.peers];
     let started = Instant::now();
     let overall = SILENCE_BOUND * 2 + Duration::from_secs(60) * args.rounds as u32;
     while !done.iter().all(|&d| d) {
@@ -203,6 +204,7 @@ fn collect(
                     *slot = Some(value);
                 }
             }
+            Some("gathered") => discovery[index] = value["after_s"].as_f64(),
             Some("done") => {
                 if let Some(error) = value["error"].as_str() {
                     bail!("peer {index} failed: {error}");
@@ -212,7 +214,8 @@ fn collect(
             _ => {}
         }
     }
-    Ok(rounds)
+    let slowest = discovery.iter().flatten().copied().fold(0.0, f64::max);
+    Ok((rounds, slowest))
 }
 
 fn report(
@@ -220,6 +223,7 @@ fn report(
     codec: CodecSpec,
     stream_bps: f64,
     rounds: &[Vec<Option<Value>>],
+    discovery_s: f64,
     dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let mut rows = Vec::new();
@@ -269,6 +273,7 @@ fn report(
         "codec": codec.to_string(),
         "algo": algo,
         "stream_bytes_per_s": stream_bps,
+        "discovery_s": discovery_s,
         "median_time_s": median("time_s"),
         "median_efficiency": median("efficiency"),
         "median_rel_error": median("rel_error"),
@@ -285,6 +290,7 @@ fn report(
         args.elements,
         stream_bps / 1e6
     );
+    println!("every peer found every other (via the DHT) within {discovery_s:.2} s");
     println!("round   time (s)   MB sent/peer   rel. error   coverage   efficiency");
     for row in &rows {
         println!(

@@ -197,7 +197,10 @@ async fn bench(
     args: &AllreducePeerArgs,
     sgp: SgpConfig,
 ) -> anyhow::Result<()> {
+    let started = Instant::now();
     gather(peer, args.peers - 1).await?;
+    // Only peer 0's address was given: the rest were found through the DHT.
+    emit(json!({"event": "gathered", "after_s": started.elapsed().as_secs_f64()}));
     // Everyone is connected; give their own gathering a moment to finish too.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (local, weight) = vector_of(args.index, args.elements);

@@ -1,6 +1,6 @@
 //! The daemon's config file (`murmur run --config FILE`): schema, checks and loading.
 //!
-//! [`load`] reads the TOML file ([`schema::Config`], every table `deny_unknown_fields`),
+//! [`load()`] reads the TOML file ([`schema::Config`], every table `deny_unknown_fields`),
 //! checks every value (the trainer's and murmur-gossip's sections with their own
 //! `validate`, the daemon's keys here), resolves relative paths against the config file's
 //! folder, loads the key file (refused when others may read it) and the invite (refused
@@ -45,7 +45,7 @@ pub(crate) fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
     load_at(path, unix_now())
 }
 
-/// [`load`], with the invite checked at `now_unix_s`.
+/// [`load()`], with the invite checked at `now_unix_s`.
 pub(crate) fn load_at(path: &Path, now_unix_s: u64) -> Result<LoadedConfig, ConfigError> {
     ConfigFile::read(path)?.load_at(now_unix_s)
 }

@@ -2,7 +2,7 @@
 //! every default in this file.
 //!
 //! Values here are as the operator typed them (paths relative to the config file, the codec
-//! as text); [`super::load`] checks them and turns them into a [`super::LoadedConfig`].
+//! as text); [`super::load()`] checks them and turns them into a [`super::LoadedConfig`].
 
 use std::path::PathBuf;
 

@@ -61,7 +61,7 @@
 //!
 //! The `murmur_net_*` counters without a `codec` label and the throughput gauges are read
 //! from the network layer's own counters when `/metrics` is scraped, once
-//! [`NetworkMetrics::attach`] has been called; the process metrics are read from
+//! [`network::NetworkMetrics::attach`] has been called; the process metrics are read from
 //! `/proc/self` at scrape time (Linux only; elsewhere they are absent).
 //!
 //! Updates cost one or two relaxed atomic operations each; [`Metrics::disabled`] makes them

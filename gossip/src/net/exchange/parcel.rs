@@ -10,7 +10,7 @@ use murmur_protocol::message::{
 /// An averaging-protocol message with its payload in an owned buffer.
 ///
 /// The scalar fields travel as the wire struct itself with an empty payload slice; the
-/// payload bytes sit in [`Parcel::payload`]. Buffers come from the mailbox's pool and go
+/// payload bytes sit beside it ([`Parcel::into_payload`] takes them out). Buffers come from the mailbox's pool and go
 /// back to it with [`Mailbox::recycle`](super::Mailbox::recycle).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Parcel {
