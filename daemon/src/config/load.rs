@@ -111,6 +111,8 @@ impl ConfigFile {
             swarm_id: swarm.to_string(),
             authority: authority.to_string(),
             invite: invite_bytes,
+            max_upload_bytes_per_s: config.volunteer.max_upload_bytes_per_s,
+            max_download_bytes_per_s: config.volunteer.max_download_bytes_per_s,
             ..config.net.clone()
         };
         resolve_data_paths(&mut task.data.source, |p| self.resolve(p));

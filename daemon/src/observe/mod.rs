@@ -39,6 +39,7 @@
 //! | `murmur_averaging_stragglers_dropped_total` | counter | mode | group members dropped from a round for not sending in time |
 //! | `murmur_averaging_parts_timed_out_total` | counter | mode | parts whose reducer did not answer in time (kept local values) |
 //! | `murmur_net_connected_peers` | gauge | | connected peers whose invite verified |
+//! | `murmur_net_bandwidth_cap_bytes_per_second` | gauge | direction | the volunteer's cap on tensor bytes per second (`upload`, `download`); 0 = none |
 //! | `murmur_net_message_bytes_sent_total` | counter | codec, kind | frame bytes this peer sent |
 //! | `murmur_net_message_bytes_received_total` | counter | codec, kind | frame bytes this peer received |
 //! | `murmur_net_tensor_bytes_sent_total` | counter | | tensor stream bytes written, all peers (network layer) |

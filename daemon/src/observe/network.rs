@@ -14,7 +14,7 @@ use murmur_protocol::frame::FrameKind;
 use murmur_protocol::identity::PeerId;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{MetricFamily, MetricType};
-use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use super::ObserveError;
 use super::registry::{describe, family, named, register, sample};
@@ -65,6 +65,7 @@ impl std::fmt::Debug for NetworkMetrics {
 #[derive(Debug, Clone)]
 struct Inner {
     connected_peers: IntGauge,
+    bandwidth_cap: IntGaugeVec,
     bytes_sent: IntCounterVec,
     bytes_received: IntCounterVec,
 }
@@ -81,12 +82,23 @@ impl NetworkMetrics {
         let name = "murmur_net_message_bytes_received_total";
         let help = "Frame bytes this peer received, by codec and message kind.";
         let bytes_received = named(name, IntCounterVec::new(Opts::new(name, help), &by_message))?;
+        let name = "murmur_net_bandwidth_cap_bytes_per_second";
+        let help = "The volunteer's cap on tensor bytes per second, by direction; 0 = none.";
+        let bandwidth_cap = named(
+            name,
+            IntGaugeVec::new(Opts::new(name, help), &["direction"]),
+        )?;
         let inner = Inner {
             connected_peers,
+            bandwidth_cap,
             bytes_sent,
             bytes_received,
         };
         register(registry, inner.connected_peers.clone())?;
+        register(registry, inner.bandwidth_cap.clone())?;
+        for direction in ["upload", "download"] {
+            inner.bandwidth_cap.with_label_values(&[direction]).set(0);
+        }
         register(registry, inner.bytes_sent.clone())?;
         register(registry, inner.bytes_received.clone())?;
         let source = SharedSource::default();
@@ -120,6 +132,18 @@ impl NetworkMetrics {
     /// Every peer's throughput estimate now, if a source is attached.
     pub(crate) fn bandwidth(&self) -> Vec<(PeerId, PeerBandwidth)> {
         self.source.get().map(|s| s.bandwidth()).unwrap_or_default()
+    }
+
+    /// The volunteer's bandwidth caps (bytes per second; 0 = none), as the network layer
+    /// enforces them.
+    pub(crate) fn set_bandwidth_caps(&self, upload: u64, download: u64) {
+        if let Some(m) = &self.inner {
+            for (direction, cap) in [("upload", upload), ("download", download)] {
+                m.bandwidth_cap
+                    .with_label_values(&[direction])
+                    .set(saturating_i64(cap));
+            }
+        }
     }
 
     /// The number of connected, authorized peers changed.

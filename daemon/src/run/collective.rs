@@ -53,6 +53,8 @@ pub(crate) trait RoundHost {
     fn set_paused(&mut self, paused: bool);
     /// `bytes` of raw `f32` went out (encoded).
     fn count_raw(&mut self, bytes: u64);
+    /// A parcel went out (`sent`) or came in, for the traffic metrics.
+    fn record_parcel(&self, _sent: bool, _parcel: &Parcel) {}
 }
 
 impl RoundHost for Peer {
@@ -93,6 +95,9 @@ impl RoundHost for Peer {
     }
     fn count_raw(&mut self, bytes: u64) {
         self.counters.raw_bytes += bytes;
+    }
+    fn record_parcel(&self, sent: bool, parcel: &Parcel) {
+        Peer::record_parcel(self, sent, parcel);
     }
 }
 
@@ -317,8 +322,9 @@ pub(crate) async fn average<H: RoundHost>(
                 _ => peer.mailbox().recycle(d.parcel.into_payload()),
             },
             Wake::Report(report) => {
-                if let Err(e) = &report.result {
-                    tracing::debug!(peer = %report.to, error = %e, "chunk not sent");
+                match &report.result {
+                    Ok(()) => peer.record_parcel(true, &report.parcel),
+                    Err(e) => tracing::debug!(peer = %report.to, error = %e, "chunk not sent"),
                 }
                 let payload = report.parcel.into_payload();
                 peer.mailbox().recycle(payload);
@@ -372,6 +378,7 @@ pub(crate) async fn average<H: RoundHost>(
 
 /// Hands one chunk of the current round to the machine.
 fn feed<H: RoundHost>(peer: &mut H, machine: &mut Machine, d: Delivery) -> anyhow::Result<()> {
+    peer.record_parcel(false, &d.parcel);
     let now = peer.now();
     let from = d.from;
     let result = match (&d.parcel, &mut *machine) {

@@ -93,6 +93,10 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .collect();
     let metrics = Metrics::new(MetricsOptions { gpu: false })?;
     metrics.network.attach(Arc::new(net.clone()))?;
+    metrics.network.set_bandwidth_caps(
+        settings.net.max_upload_bytes_per_s,
+        settings.net.max_download_bytes_per_s,
+    );
     let board = StatusBoard::new(StatusIdentity {
         peer_id: me.to_string(),
         swarm: settings.swarm_id.clone(),

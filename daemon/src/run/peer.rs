@@ -6,8 +6,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
 use murmur_gossip::Time;
-use murmur_gossip::net::exchange::{Mailbox, Outbox};
+use murmur_gossip::net::exchange::{Mailbox, Outbox, Parcel};
 use murmur_gossip::net::{NetEvent, NetHandle};
+use murmur_protocol::frame::FrameKind;
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{AveragingMode, HeartbeatBody};
 use murmur_protocol::snapshot::{NamedTensor, Snapshot};
@@ -153,6 +154,26 @@ impl Peer {
         };
         self.metrics.averaging.record_round(&summary);
         self.board.record_round(&summary);
+    }
+
+    /// Counts a parcel's bytes by codec and message kind, sent or received.
+    pub(crate) fn record_parcel(&self, sent: bool, parcel: &Parcel) {
+        let (codec, kind) = match parcel {
+            Parcel::Share(m, _) => (Some(m.codec), FrameKind::PushSumShare),
+            Parcel::PartChunk(m, _) => (Some(m.codec), FrameKind::TensorPartChunk),
+            Parcel::Averaged(m, _) => (Some(m.codec), FrameKind::AveragedChunk),
+            Parcel::JoinGroup(_) => (None, FrameKind::JoinGroup),
+            Parcel::GroupBegin { .. } => (None, FrameKind::GroupBegin),
+            Parcel::GroupReject(_) => (None, FrameKind::GroupReject),
+            Parcel::StateSyncRequest(_) => (None, FrameKind::StateSyncRequest),
+            Parcel::StateSyncResponse(..) => (None, FrameKind::StateSyncResponse),
+        };
+        let bytes = parcel.payload_len() as u64;
+        if sent {
+            self.metrics.network.record_sent(codec, kind, bytes);
+        } else {
+            self.metrics.network.record_received(codec, kind, bytes);
+        }
     }
 
     /// Notes a push-sum share's fate (SGP's unit of averaging).

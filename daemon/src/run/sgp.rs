@@ -292,6 +292,7 @@ impl SgpLoop {
     }
 
     fn on_delivery(&mut self, peer: &mut Peer, machine: &mut SgpPeer<PeerId>, d: Delivery) {
+        peer.record_parcel(false, &d.parcel);
         let Delivery { from, parcel } = d;
         match parcel {
             Parcel::Share(share, payload) => {
@@ -331,6 +332,9 @@ impl SgpLoop {
         report: SendReport,
     ) -> anyhow::Result<()> {
         let now = peer.now();
+        if report.result.is_ok() {
+            peer.record_parcel(true, &report.parcel);
+        }
         let SendReport {
             to,
             tag,

@@ -88,6 +88,14 @@ pub struct NetConfig {
     pub max_frame_payload: u32,
     /// Largest control frame payload accepted (control messages are small).
     pub max_control_payload: u32,
+    /// Cap on tensor bytes sent per second, all streams together; 0 = none. Not read from
+    /// the `[net]` table: the daemon sets it from `[volunteer]`.
+    #[serde(skip)]
+    pub max_upload_bytes_per_s: u64,
+    /// Cap on tensor bytes received per second, all streams together; 0 = none. Not read
+    /// from the `[net]` table: the daemon sets it from `[volunteer]`.
+    #[serde(skip)]
+    pub max_download_bytes_per_s: u64,
 }
 
 impl Default for NetConfig {
@@ -122,6 +130,8 @@ impl Default for NetConfig {
             control_capacity: 64,
             max_frame_payload: FrameLimits::DEFAULT_MAX_PAYLOAD,
             max_control_payload: 64 * 1024,
+            max_upload_bytes_per_s: 0,
+            max_download_bytes_per_s: 0,
         }
     }
 }

@@ -59,6 +59,7 @@ pub mod exchange;
 mod handle;
 mod identity;
 mod metrics;
+mod rate_limit;
 mod swarm_events;
 mod tensor_stream;
 
@@ -86,6 +87,7 @@ use actor::NetActor;
 use auth::Authorizer;
 use behaviour::MurmurBehaviour;
 use config::ValidConfig;
+use rate_limit::RateLimiter;
 use tensor_stream::StreamContext;
 
 /// How long [`spawn`] waits for its listeners to bind.
@@ -186,6 +188,8 @@ pub async fn spawn(
         frame_limits: config.frame_limits,
         read_timeout: ValidConfig::ms(raw.tensor_read_timeout_ms),
         write_timeout: ValidConfig::ms(raw.tensor_write_timeout_ms),
+        upload: RateLimiter::new(raw.max_upload_bytes_per_s).map(Arc::new),
+        download: RateLimiter::new(raw.max_download_bytes_per_s).map(Arc::new),
     };
     let topic = gossipsub::IdentTopic::new(config.heartbeat_topic()).hash();
     let mut actor = NetActor {

@@ -29,6 +29,7 @@ use super::auth::truncate_utf8;
 use super::bandwidth::{BandwidthEstimator, Direction};
 use super::error::NetError;
 use super::metrics::{NetMetrics, PeerTraffic};
+use super::rate_limit::RateLimiter;
 
 /// Bytes read from the stream at a time.
 const READ_CHUNK: usize = 256 * 1024;
@@ -43,6 +44,10 @@ pub(crate) struct StreamContext {
     pub(crate) frame_limits: FrameLimits,
     pub(crate) read_timeout: Duration,
     pub(crate) write_timeout: Duration,
+    /// The volunteer's upload cap, shared by every stream; `None` = uncapped.
+    pub(crate) upload: Option<Arc<RateLimiter>>,
+    /// The volunteer's download cap, shared by every stream; `None` = uncapped.
+    pub(crate) download: Option<Arc<RateLimiter>>,
 }
 
 /// How much a finished transfer moved, and how long it took.
@@ -102,6 +107,9 @@ impl TensorStreamWriter {
     /// Sends bytes that already hold whole frames (encoded by the caller, for example
     /// straight from a codec's output buffer).
     pub async fn send_encoded(&mut self, frames: &[u8]) -> Result<(), NetError> {
+        if let Some(cap) = &self.ctx.upload {
+            cap.take(frames.len() as u64).await;
+        }
         self.started.get_or_insert_with(Instant::now);
         let write = self.stream.write_all(frames);
         match tokio::time::timeout(self.ctx.write_timeout, write).await {
@@ -344,6 +352,9 @@ impl TensorStreamReader {
             }
             Ok(Ok(n)) => n,
         };
+        if let Some(cap) = &self.ctx.download {
+            cap.take(n as u64).await;
+        }
         self.first_byte.get_or_insert_with(Instant::now);
         self.start = 0;
         self.end = n;
