@@ -53,6 +53,14 @@ pub(crate) trait RoundHost {
     fn set_paused(&mut self, paused: bool);
     /// `bytes` of raw `f32` went out (encoded).
     fn count_raw(&mut self, bytes: u64);
+    /// When [`RoundHost::maintain`] next has work, if ever.
+    fn next_maintenance(&self) -> Option<tokio::time::Instant> {
+        None
+    }
+    /// Heartbeats and liveness; returns the peers given up on as silent.
+    fn maintain(&mut self) -> Vec<PeerId> {
+        Vec::new()
+    }
     /// A parcel went out (`sent`) or came in, for the traffic metrics.
     fn record_parcel(&self, _sent: bool, _parcel: &Parcel) {}
 }
@@ -88,7 +96,13 @@ impl RoundHost for Peer {
         &self.mailbox
     }
     fn note_event(&mut self, event: &Event) {
-        Peer::note_event(self, event);
+        let _ = Peer::note_event(self, event);
+    }
+    fn next_maintenance(&self) -> Option<tokio::time::Instant> {
+        Some(Peer::next_maintenance(self))
+    }
+    fn maintain(&mut self) -> Vec<PeerId> {
+        Peer::maintain(self)
     }
     fn set_paused(&mut self, paused: bool) {
         Peer::set_paused(self, paused);
@@ -305,6 +319,7 @@ pub(crate) async fn average<H: RoundHost>(
         .map(|t| peer.instant_of(t))
         .unwrap_or(deadline)
         .min(deadline);
+        let timer = peer.next_maintenance().map_or(timer, |m| m.min(timer));
         let wake = {
             let io = peer.io();
             tokio::select! {
@@ -349,6 +364,14 @@ pub(crate) async fn average<H: RoundHost>(
             Wake::Event(Err(RecvError::Lagged(_))) => {}
             Wake::Event(Err(RecvError::Closed)) => anyhow::bail!("the network layer stopped"),
             Wake::Timer => {
+                for silent in peer.maintain() {
+                    if let Machine::Butterfly(r) = &mut machine
+                        && members.contains(&silent)
+                    {
+                        let now = peer.now();
+                        r.handle(now, RoundInput::MemberLost(silent))?;
+                    }
+                }
                 let now = peer.now();
                 match &mut machine {
                     Machine::Butterfly(r) => r.handle(now, RoundInput::Tick)?,

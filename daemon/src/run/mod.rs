@@ -12,9 +12,10 @@ mod progress;
 mod rounds;
 mod settings;
 mod sgp;
+mod state_sync;
 mod worker;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,9 +28,12 @@ use sha2::{Digest as _, Sha256};
 
 use crate::checkpoint::CheckpointStore;
 use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, StatusIdentity};
+use murmur_protocol::frame::FrameLimits;
+use murmur_protocol::snapshot::SnapshotLimits;
 use peer::{Peer, Signals};
 use progress::{Counters, EvalLosses, Progress};
 pub(crate) use settings::{LocalSgdSettings, RunSettings};
+use state_sync::StateCell;
 use worker::Worker;
 
 /// Why a peer stopped.
@@ -64,9 +68,15 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let events = net.subscribe();
     let mailbox = Mailbox::spawn(inbound.tensor_streams, MailboxConfig::default());
     let outbox = Outbox::new(net.clone(), OutboxConfig::default());
-    // Control requests (state sync) are not served yet: let them expire unanswered.
-    let mut control = inbound.control_requests;
-    tokio::spawn(async move { while control.recv().await.is_some() {} });
+    let state = StateCell::default();
+    let control_limits =
+        FrameLimits::new(settings.net.max_control_payload).context("net.max_control_payload")?;
+    tokio::spawn(state_sync::serve(
+        net.clone(),
+        inbound.control_requests,
+        state.clone(),
+        control_limits,
+    ));
 
     let sampling = PeerSampling {
         swarm_seed: PeerSampling::seed_from_id(settings.swarm_id.as_bytes()),
@@ -141,6 +151,12 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         counters: Counters::default(),
         peers: BTreeMap::new(),
         model_fingerprint: fingerprint(&layout),
+        state,
+        last_heard: HashMap::new(),
+        next_heartbeat: tokio::time::Instant::now(),
+        next_liveness: tokio::time::Instant::now(),
+        heartbeat_step: 0,
+        heartbeat_samples: 0,
         metrics,
         board,
         learning_rate: 0.0,
@@ -168,6 +184,9 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
             sgp::run(&mut peer, founder, len, offset).await
         }
         AveragingMode::Butterfly | AveragingMode::SyncRing | AveragingMode::LocalSgd => {
+            if joining {
+                join_from_swarm(&mut peer, &mut params, control_limits).await;
+            }
             rounds::run(&mut peer, params, swarm_step).await
         }
     };
@@ -235,7 +254,7 @@ async fn meet_the_swarm(peer: &mut Peer) {
             Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
             Ok(Err(_)) => {}
             Ok(Ok(event)) => {
-                peer.note_event(&event);
+                let _ = peer.note_event(&event);
                 if heard_until.is_none() && peer.peers.len() >= min_peers.max(1) {
                     heard_until = Some(
                         tokio::time::Instant::now() + peer.settings.heartbeat_interval * 3 / 2,
@@ -309,4 +328,42 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
     peer.counters.samples = snapshot.samples;
     tracing::info!(path = %path.display(), step = snapshot.step, "resumed from a checkpoint");
     Some(snapshot.step)
+}
+
+/// Downloads the state of the most advanced peers and starts from it; on failure the peer
+/// starts from what it has (its checkpoint or the initial parameters) and says so.
+async fn join_from_swarm(peer: &mut Peer, params: &mut [f32], limits: FrameLimits) {
+    let mut servers: Vec<(u64, murmur_protocol::identity::PeerId)> = peer
+        .peers
+        .iter()
+        .map(|(p, news)| (news.map_or(0, |n| n.last.step), *p))
+        .collect();
+    servers.sort_unstable_by(|a, b| b.cmp(a));
+    let servers: Vec<_> = servers.into_iter().map(|(_, p)| p).collect();
+    let snapshot_limits = SnapshotLimits {
+        max_raw_len: (params.len() as u64 * 4 + (1 << 20)) * 4,
+        max_tensors: 64,
+    };
+    let snapshot = match state_sync::download(&peer.net, &servers, &limits, &snapshot_limits).await
+    {
+        Ok(snapshot) => snapshot,
+        Err(e) => {
+            tracing::warn!(
+                error = format!("{e:#}"),
+                "cannot download the swarm's state; starting from local state"
+            );
+            return;
+        }
+    };
+    let tensor = snapshot.tensors.iter().find(|t| t.name == "params");
+    let fits = snapshot.swarm_id == peer.settings.swarm_id
+        && snapshot.model_fingerprint == peer.model_fingerprint
+        && tensor.is_some_and(|t| t.data.len() == params.len());
+    match tensor.filter(|_| fits) {
+        Some(tensor) => {
+            params.copy_from_slice(&tensor.data);
+            tracing::info!(step = snapshot.step, "started from the swarm's state");
+        }
+        None => tracing::warn!("the downloaded state is for another swarm or model; ignoring it"),
+    }
 }

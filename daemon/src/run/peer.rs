@@ -1,7 +1,7 @@
 //! What every training mode shares: the network, the mailbox and outbox, the trainer
 //! thread, membership news, signals, counters and progress lines.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context as _;
@@ -18,6 +18,7 @@ use tokio::sync::broadcast;
 use super::collective::RoundOutcome as CollectiveOutcome;
 use super::progress::{Counters, Progress};
 use super::settings::RunSettings;
+use super::state_sync::StateCell;
 use super::worker::Worker;
 use crate::checkpoint::CheckpointStore;
 use crate::observe::{Metrics, RoundOutcome, RoundSummary, StatusBoard};
@@ -88,6 +89,16 @@ pub(crate) struct Peer {
     /// A hash of the model's definition, stamped on checkpoints so that state is never
     /// loaded into another model.
     pub(crate) model_fingerprint: [u8; 32],
+    /// The state snapshot this peer serves to joiners.
+    pub(crate) state: StateCell,
+    /// When each peer's last heartbeat arrived (only peers heard at least once).
+    pub(crate) last_heard: HashMap<PeerId, Instant>,
+    /// When the next heartbeat goes out and silent peers are next looked for.
+    pub(crate) next_heartbeat: tokio::time::Instant,
+    pub(crate) next_liveness: tokio::time::Instant,
+    /// What the next heartbeat says: the mode's step and samples gathered.
+    pub(crate) heartbeat_step: u64,
+    pub(crate) heartbeat_samples: u64,
     pub(crate) metrics: Metrics,
     pub(crate) board: StatusBoard,
     /// The learning rate of the last update, for the metrics.
@@ -229,8 +240,17 @@ impl Peer {
         self.progress.progress(&self.counters);
     }
 
-    /// Publishes this peer's heartbeat; a failure is logged, never fatal.
+    /// Publishes this peer's heartbeat now; a failure is logged, never fatal.
     pub(crate) async fn heartbeat(&mut self, step: u64, samples_accumulated: u64) {
+        self.heartbeat_step = step;
+        self.heartbeat_samples = samples_accumulated;
+        let body = self.heartbeat_body(step, samples_accumulated);
+        if let Err(e) = self.net.publish_heartbeat(&body).await {
+            tracing::debug!(error = %e, "heartbeat not published");
+        }
+    }
+
+    fn heartbeat_body(&self, step: u64, samples_accumulated: u64) -> HeartbeatBody {
         let bandwidth = self.net.bandwidth_estimator().all();
         let mean = |pick: fn(&murmur_gossip::net::PeerBandwidth) -> Option<f64>| {
             let rates: Vec<f64> = bandwidth.iter().filter_map(|(_, b)| pick(b)).collect();
@@ -240,7 +260,7 @@ impl Peer {
                 (rates.iter().sum::<f64>() / rates.len() as f64) as u64
             }
         };
-        let body = HeartbeatBody {
+        HeartbeatBody {
             step,
             timestamp_ms: unix_ms(),
             samples_per_s: self.rate as f32,
@@ -248,30 +268,79 @@ impl Peer {
             download_bytes_per_s: mean(|b| b.download_bytes_per_s),
             mode: self.mode,
             samples_accumulated,
-        };
-        if let Err(e) = self.net.publish_heartbeat(&body).await {
-            tracing::debug!(error = %e, "heartbeat not published");
         }
     }
 
-    /// Applies a network event to the peer table; returns it for the mode to act on.
-    pub(crate) fn note_event(&mut self, event: &NetEvent) {
+    /// Applies a network event to the peer table. Returns a peer that (re)appeared through
+    /// its heartbeat after it had been given up as silent, for the mode to take back in.
+    pub(crate) fn note_event(&mut self, event: &NetEvent) -> Option<PeerId> {
+        let mut returned = None;
         match event {
             NetEvent::PeerAuthorized { peer, .. } => {
                 self.peers.entry(*peer).or_insert(None);
             }
             NetEvent::PeerDisconnected { peer } | NetEvent::PeerRejected { peer, .. } => {
                 self.peers.remove(peer);
+                self.last_heard.remove(peer);
                 self.board.forget_peer(peer);
             }
             NetEvent::Heartbeat { peer, body } => {
-                if let Some(entry) = self.peers.get_mut(peer) {
-                    *entry = Some(PeerNews { last: *body });
-                    self.board.record_heartbeat(*peer, body);
+                // Gossip only delivers heartbeats of authorized peers.
+                if !self.peers.contains_key(peer) {
+                    returned = Some(*peer);
                 }
+                self.peers.insert(*peer, Some(PeerNews { last: *body }));
+                self.last_heard.insert(*peer, Instant::now());
+                self.board.record_heartbeat(*peer, body);
             }
         }
         self.metrics.network.set_connected_peers(self.peers.len());
+        returned
+    }
+
+    /// The earliest time [`Peer::maintain`] has work.
+    pub(crate) fn next_maintenance(&self) -> tokio::time::Instant {
+        self.next_heartbeat.min(self.next_liveness)
+    }
+
+    /// Publishes the heartbeat when due, and gives up on peers whose heartbeats stopped
+    /// for 1.6 intervals (a crashed peer's connection can take the QUIC idle timeout to
+    /// close; its heartbeats stop at once). Returns the peers given up on.
+    pub(crate) fn maintain(&mut self) -> Vec<PeerId> {
+        let now = tokio::time::Instant::now();
+        let interval = self.settings.heartbeat_interval;
+        if now >= self.next_heartbeat {
+            self.next_heartbeat = now + interval;
+            let body = self.heartbeat_body(self.heartbeat_step, self.heartbeat_samples);
+            let net = self.net.clone();
+            tokio::spawn(async move {
+                if let Err(e) = net.publish_heartbeat(&body).await {
+                    tracing::debug!(error = %e, "heartbeat not published");
+                }
+            });
+            self.report_progress();
+        }
+        let mut silent = Vec::new();
+        if now >= self.next_liveness {
+            self.next_liveness = now + interval / 4;
+            let limit = interval.mul_f64(1.6);
+            let std_now = Instant::now();
+            for (peer, heard) in &self.last_heard {
+                if std_now.duration_since(*heard) > limit {
+                    silent.push(*peer);
+                }
+            }
+            for peer in &silent {
+                tracing::warn!(%peer, "no heartbeat for 1.6 intervals: treating the peer as gone");
+                self.last_heard.remove(peer);
+                self.peers.remove(peer);
+                self.board.forget_peer(peer);
+            }
+            if !silent.is_empty() {
+                self.metrics.network.set_connected_peers(self.peers.len());
+            }
+        }
+        silent
     }
 
     /// The highest step any peer's heartbeat reported.
@@ -288,6 +357,11 @@ impl Peer {
     /// Writes a checkpoint after every `checkpoint.every_steps` local steps; a failure is
     /// logged, not fatal (training goes on; the next one may succeed).
     pub(crate) fn maybe_checkpoint(&self, params: &[f32]) {
+        if self.counters.step.is_multiple_of(STATE_EVERY)
+            && let Err(e) = self.state.publish(&self.snapshot(params))
+        {
+            tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
+        }
         let every = self.settings.checkpoint_every;
         if every > 0
             && self.counters.step.is_multiple_of(every)
@@ -297,13 +371,9 @@ impl Peer {
         }
     }
 
-    /// Writes the current state into the checkpoint folder (atomically; the oldest beyond
-    /// `checkpoint.keep` are removed).
-    pub(crate) fn write_checkpoint(&self, params: &[f32]) -> anyhow::Result<()> {
-        let store =
-            CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
-                .context("cannot open the checkpoint folder")?;
-        let snapshot = Snapshot {
+    /// The state at `params`, as checkpoints and joiners receive it.
+    pub(crate) fn snapshot(&self, params: &[f32]) -> Snapshot {
+        Snapshot {
             step: self.counters.step,
             samples: self.counters.samples,
             push_sum_weight: 1.0,
@@ -313,14 +383,25 @@ impl Peer {
                 name: "params".into(),
                 data: params.to_vec(),
             }],
-        };
+        }
+    }
+
+    /// Writes the current state into the checkpoint folder (atomically; the oldest beyond
+    /// `checkpoint.keep` are removed).
+    pub(crate) fn write_checkpoint(&self, params: &[f32]) -> anyhow::Result<()> {
+        let store =
+            CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
+                .context("cannot open the checkpoint folder")?;
         let path = store
-            .write(&snapshot)
+            .write(&self.snapshot(params))
             .context("cannot write the checkpoint")?;
         tracing::info!(path = %path.display(), step = self.counters.step, "checkpoint written");
         Ok(())
     }
 }
+
+/// Local steps between refreshes of the state served to joiners.
+const STATE_EVERY: u64 = 10;
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn unix_ms() -> u64 {

@@ -306,6 +306,7 @@ async fn idle(peer: &mut Peer, state: &mut Rounds, span: Duration) -> anyhow::Re
 /// One piece of background work (a delivery, a send report, a membership event, a
 /// signal) or, when `trainer` is set, the trainer's answer.
 async fn serve(peer: &mut Peer, state: &mut Rounds, trainer: bool) -> Option<anyhow::Result<Done>> {
+    let maintenance = peer.next_maintenance();
     tokio::select! {
         done = peer.worker.done.recv(), if trainer => {
             return Some(done.context("the trainer thread stopped").and_then(|d| d));
@@ -315,12 +316,17 @@ async fn serve(peer: &mut Peer, state: &mut Rounds, trainer: bool) -> Option<any
             peer.mailbox.recycle(report.parcel.into_payload());
         }
         event = peer.events.recv() => match event {
-            Ok(event) => peer.note_event(&event),
+            Ok(event) => {
+                peer.note_event(&event);
+            }
             Err(RecvError::Lagged(_)) => {}
             Err(RecvError::Closed) => {
                 return Some(Err(anyhow::anyhow!("the network layer stopped")));
             }
         },
+        () = tokio::time::sleep_until(maintenance) => {
+            peer.maintain();
+        }
         request = peer.signals.next() => match request {
             Request::Stop => state.stop = true,
             Request::Pause => peer.set_paused(true),

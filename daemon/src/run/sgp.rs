@@ -49,8 +49,6 @@ pub(crate) async fn run(
         pending_step: None,
         final_eval_asked: false,
     };
-    let mut heartbeat = tokio::time::interval(peer.settings.heartbeat_interval);
-    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         sgp.drain(peer, &mut machine)?;
         if machine.has_departed() {
@@ -68,6 +66,7 @@ pub(crate) async fn run(
             .map(|t| peer.instant_of(t))
             .or(sgp.leave_deadline)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+        let maintenance = peer.next_maintenance();
         tokio::select! {
             Some(delivery) = peer.mailbox.recv() => sgp.on_delivery(peer, &mut machine, delivery),
             Some(report) = peer.outbox.next_report() => sgp.on_report(peer, &mut machine, report)?,
@@ -84,9 +83,14 @@ pub(crate) async fn run(
                 let now = peer.now();
                 machine.handle(now, SgpInput::Tick)?;
             }
-            _ = heartbeat.tick() => {
-                let step = step_offset + machine.steps_done();
-                peer.heartbeat(step, 0).await;
+            () = tokio::time::sleep_until(maintenance) => {
+                peer.heartbeat_step = step_offset + machine.steps_done();
+                for silent in peer.maintain() {
+                    // Its mass in flight is lost, as with a crash seen by the network.
+                    peer.record_share(silent, false);
+                    let now = peer.now();
+                    machine.handle(now, SgpInput::PeerCrashed(silent))?;
+                }
                 peer.counters.rounds = machine.stats().shares_sent;
                 peer.metrics.averaging.set_push_sum_weight(machine.state().weight());
                 peer.report_progress();
@@ -379,8 +383,11 @@ impl SgpLoop {
         machine: &mut SgpPeer<PeerId>,
         event: &NetEvent,
     ) -> anyhow::Result<()> {
-        peer.note_event(event);
+        let returned = peer.note_event(event);
         let now = peer.now();
+        if let Some(back) = returned {
+            machine.handle(now, SgpInput::PeerJoined(back))?;
+        }
         match event {
             NetEvent::PeerAuthorized { peer: other, .. } => {
                 machine.handle(now, SgpInput::PeerJoined(*other))?;
