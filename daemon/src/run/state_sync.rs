@@ -35,10 +35,13 @@ struct Served {
     digest: [u8; 32],
 }
 
+/// The current snapshot and the one before it.
+type Generations = (Option<Arc<Served>>, Option<Arc<Served>>);
+
 /// The snapshots this peer serves: the current one and the one before it.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct StateCell {
-    inner: Arc<Mutex<(Option<Arc<Served>>, Option<Arc<Served>>)>>,
+    inner: Arc<Mutex<Generations>>,
 }
 
 impl StateCell {
