@@ -1,0 +1,532 @@
+//! The daemon's metrics against a real Prometheus and promtool, and `/status` under a crash.
+//!
+//! A swarm of three `murmur run` peers trains on loopback while a real Prometheus server
+//! scrapes their `/metrics` every second. Through Prometheus' HTTP API, every PromQL
+//! expression of every panel in `dashboards/grafana/*.json` must return data, and every
+//! metric a dashboard names must be one the daemons export; `promtool check metrics` must
+//! find nothing to say about any daemon's page, and `promtool check config` must accept the
+//! example `dashboards/prometheus.yml`. Then one peer is killed with SIGKILL and the
+//! survivors' `/status` and `/metrics` must show it gone, and their rounds' outcomes change,
+//! within two heartbeat intervals.
+//!
+//! `prometheus` and `promtool` come from Debian's `prometheus` package, which
+//! `scripts/setup.sh` installs; without them these tests fail, saying so.
+
+#[path = "support/swarm.rs"]
+mod swarm;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use swarm::{LocalSwarm, SwarmPeer, SwarmSpec, free_port, http_get, listed_peers};
+
+/// How long the swarm may take until every peer lists every other.
+const MESH_PATIENCE: Duration = Duration::from_secs(120);
+/// How long Prometheus may take to answer `/-/ready`.
+const PROMETHEUS_PATIENCE: Duration = Duration::from_secs(60);
+/// How long, after Prometheus is ready, the dashboards' queries may take to return data:
+/// rates need two scrapes, ratios of increases need a round and a sample in their window.
+const QUERY_PATIENCE: Duration = Duration::from_secs(90);
+/// The window that stands for Grafana's `$__rate_interval` (ten 1 s scrapes).
+const RATE_INTERVAL: &str = "10s";
+/// How long a `promtool` command may take.
+const PROMTOOL_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The repository's `dashboards/` folder.
+fn dashboards_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards")
+}
+
+/// The path of `name` on `PATH`; fails the test, saying how to install it, when missing.
+fn tool(name: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "`{name}` is not on PATH; run scripts/setup.sh, which installs Debian's \
+                 `prometheus` package (it carries both `prometheus` and `promtool`)"
+            )
+        })
+}
+
+/// Runs `promtool args…` with `stdin` on its standard input, bounded; its exit status and
+/// everything it printed.
+fn promtool(args: &[&str], stdin: &str) -> (bool, String) {
+    let mut child = Command::new(tool("promtool"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    let mut input = child.stdin.take().expect("stdin is piped");
+    let text = stdin.to_owned();
+    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut input, text.as_bytes()));
+    let deadline = Instant::now() + PROMTOOL_PATIENCE;
+    while child.try_wait().expect("waits for promtool").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`promtool {}` still running after {PROMTOOL_PATIENCE:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // promtool may exit before reading all of stdin; its answer says what went wrong.
+    let _ = writer.join();
+    let out = child.wait_with_output().expect("promtool's output");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+/// A Prometheus server on a free loopback port, scraping `targets` every second; killed when
+/// dropped.
+struct Prometheus {
+    addr: SocketAddr,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Prometheus {
+    fn start(targets: &[SocketAddr]) -> Prometheus {
+        let binary = tool("prometheus");
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let targets: Vec<String> = targets.iter().map(|t| format!("'{t}'")).collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+             scrape_configs:\n  - job_name: murmur\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        );
+        let config_path = dir.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).expect("the Prometheus config is written");
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let log = File::create(dir.path().join("prometheus.log")).expect("a log file");
+        let child = Command::new(binary)
+            .arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--log.level=warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .expect("prometheus starts");
+        let mut prometheus = Prometheus { addr, child, dir };
+        prometheus.wait_ready();
+        prometheus
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + PROMETHEUS_PATIENCE;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.fail(&format!("exited ({status}) before it was ready"));
+            }
+            if matches!(http_get(self.addr, "/-/ready"), Ok((200, _))) {
+                return;
+            }
+            if Instant::now() > deadline {
+                self.fail(&format!("not ready within {PROMETHEUS_PATIENCE:?}"));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// An instant query: the result vector, or what went wrong.
+    fn query(&self, expr: &str) -> Result<Vec<Value>, String> {
+        let path = format!("/api/v1/query?query={}", percent_encode(expr));
+        let (status, body) = http_get(self.addr, &path)?;
+        let answer: Value =
+            serde_json::from_str(&body).map_err(|e| format!("HTTP {status}, not JSON ({e})"))?;
+        if answer["status"] != "success" {
+            return Err(format!("HTTP {status}: {answer}"));
+        }
+        answer["data"]["result"]
+            .as_array()
+            .cloned()
+            .ok_or_else(|| format!("no result vector in {answer}"))
+    }
+
+    fn fail(&self, why: &str) -> ! {
+        let log = std::fs::read_to_string(self.dir.path().join("prometheus.log"));
+        panic!("prometheus: {why}\nlog:\n{}", log.unwrap_or_default());
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `text` for a URL query value: unreserved bytes as they are, every other byte `%XX`.
+fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 3);
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+/// One PromQL expression of a dashboard, with where it comes from.
+#[derive(Debug)]
+struct PanelQuery {
+    /// `file: panel title`.
+    origin: String,
+    expr: String,
+}
+
+/// Every panel query and every `label_values(metric, label)` variable of every dashboard.
+fn dashboard_queries() -> (Vec<PanelQuery>, Vec<(String, String, String)>) {
+    let dir = dashboards_dir().join("grafana");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    assert!(
+        files.len() >= 3,
+        "expected the overview, peer detail and cost dashboards in {}",
+        dir.display()
+    );
+    let mut queries = Vec::new();
+    let mut variables = Vec::new();
+    for file in &files {
+        let name = file
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let text = std::fs::read_to_string(file).expect("the dashboard is readable");
+        let board: Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name} is not JSON: {e}"));
+        let mut panels: Vec<&Value> = board["panels"].as_array().into_iter().flatten().collect();
+        while let Some(panel) = panels.pop() {
+            panels.extend(panel["panels"].as_array().into_iter().flatten());
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                let expr = target["expr"].as_str().unwrap_or_default();
+                assert!(
+                    !expr.trim().is_empty(),
+                    "{name}: panel {:?} has a target without an expression",
+                    panel["title"]
+                );
+                queries.push(PanelQuery {
+                    origin: format!("{name}: {}", panel["title"].as_str().unwrap_or("?")),
+                    expr: expr.to_owned(),
+                });
+            }
+        }
+        for variable in board["templating"]["list"].as_array().into_iter().flatten() {
+            if variable["type"] != "query" {
+                continue;
+            }
+            let query = variable["query"]["query"]
+                .as_str()
+                .or_else(|| variable["query"].as_str())
+                .unwrap_or_default();
+            let inner = query
+                .strip_prefix("label_values(")
+                .and_then(|q| q.strip_suffix(')'))
+                .unwrap_or_else(|| {
+                    panic!("{name}: variable query {query:?} is not label_values(metric, label)")
+                });
+            let (metric, label) = inner
+                .split_once(',')
+                .unwrap_or_else(|| panic!("{name}: {query:?} names no label"));
+            variables.push((
+                name.clone(),
+                metric.trim().to_owned(),
+                label.trim().to_owned(),
+            ));
+        }
+    }
+    (queries, variables)
+}
+
+/// Every series name the page `text` exports (a histogram's `_bucket`, `_sum`, `_count`).
+fn exported_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        names.insert(name.to_owned());
+        if kind == "histogram" || kind == "summary" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                names.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    names
+}
+
+/// The `murmur_…` metric names an expression mentions.
+fn metrics_named(expr: &str) -> Vec<&str> {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+    expr.split(|c: char| !is_name(c))
+        .filter(|word| word.starts_with("murmur_"))
+        .collect()
+}
+
+/// `expr` with Grafana's variables replaced as a dashboard would: `instance` is one peer.
+fn substitute(expr: &str, instance: &str) -> String {
+    expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("${instance}", instance)
+        .replace("$instance", instance)
+}
+
+/// Whether a query's result holds at least one finite sample.
+fn has_finite_sample(result: &[Value]) -> bool {
+    result.iter().any(|series| {
+        series["value"][1]
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(f64::is_finite)
+    })
+}
+
+/// The value of the unlabelled sample `name` on a `/metrics` page.
+fn sample(page: &str, name: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Rounds that did not average the whole vector (`partial` or `failed`), all modes.
+fn unfinished_rounds(page: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with("murmur_averaging_rounds_total{"))
+        .filter(|l| !l.contains("outcome=\"complete\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn the_example_prometheus_config_passes_promtool() {
+    let config = dashboards_dir().join("prometheus.yml");
+    let path = config.to_str().expect("a UTF-8 path");
+    let (ok, said) = promtool(&["check", "config", path], "");
+    assert!(ok, "promtool check config {path}:\n{said}");
+}
+
+#[test]
+fn every_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean() {
+    // Fail early, before starting a swarm, when the tools are missing.
+    tool("prometheus");
+    tool("promtool");
+    let (queries, variables) = dashboard_queries();
+    let _one_swarm_at_a_time = swarm::exclusive();
+    let swarm = LocalSwarm::start(&SwarmSpec::default());
+    swarm.wait_until_meshed(MESH_PATIENCE);
+
+    for peer in &swarm.peers {
+        let page = peer.metrics().unwrap_or_else(|e| peer.fail(&e));
+        let (ok, said) = promtool(&["check", "metrics"], &page);
+        assert!(
+            ok && said.trim().is_empty(),
+            "promtool check metrics on {}'s /metrics (exit ok: {ok}):\n{said}",
+            peer.name
+        );
+    }
+
+    let prometheus = Prometheus::start(&swarm.metrics_addrs());
+    let instance = swarm.peers[0].metrics_addr.to_string();
+    let deadline = Instant::now() + QUERY_PATIENCE;
+    let mut pending: Vec<(String, String, String)> = queries
+        .iter()
+        .map(|q| {
+            (
+                q.origin.clone(),
+                substitute(&q.expr, &instance),
+                String::new(),
+            )
+        })
+        .collect();
+    for (file, metric, label) in &variables {
+        let expr = format!("count by ({label}) ({metric})");
+        pending.push((format!("{file}: variable {label}"), expr, String::new()));
+    }
+    for (origin, expr, _) in &pending {
+        assert!(
+            !expr.contains('$'),
+            "{origin}: unknown variable left in {expr}"
+        );
+    }
+    while !pending.is_empty() && Instant::now() < deadline {
+        for (_, expr, last) in &mut pending {
+            *last = match prometheus.query(expr) {
+                Ok(result) if has_finite_sample(&result) => String::new(),
+                Ok(result) => format!("no finite sample yet: {}", Value::from(result)),
+                Err(e) => format!("query failed: {e}"),
+            };
+        }
+        pending.retain(|(_, _, last)| !last.is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Some families appear only once there is something to export (the per-link throughput
+    // after the first large transfer), so the pages are read after the queries had their time.
+    let mut exported = BTreeSet::new();
+    for peer in &swarm.peers {
+        exported.extend(exported_names(
+            &peer.metrics().unwrap_or_else(|e| peer.fail(&e)),
+        ));
+    }
+    let mut unknown = String::new();
+    for query in &queries {
+        let named = metrics_named(&query.expr);
+        if named.is_empty() {
+            let _ = writeln!(
+                unknown,
+                "{}: names no murmur metric: {}",
+                query.origin, query.expr
+            );
+        }
+        for name in named.into_iter().filter(|n| !exported.contains(*n)) {
+            let _ = writeln!(unknown, "{}: `{name}` is not exported", query.origin);
+        }
+    }
+    for (file, metric, _) in &variables {
+        if !exported.contains(metric) {
+            let _ = writeln!(unknown, "{file}: variable over `{metric}`, not exported");
+        }
+    }
+    let mut report = String::new();
+    for (origin, expr, last) in &pending {
+        let _ = writeln!(report, "{origin}\n  {expr}\n  {last}");
+    }
+    assert!(
+        unknown.is_empty() && pending.is_empty(),
+        "dashboards reference metrics the daemon does not export:\n{unknown}\n\
+         {} dashboard queries returned no data within {QUERY_PATIENCE:?}:\n{report}",
+        pending.len()
+    );
+}
+
+/// What a survivor shows of the crash, and when it first showed it.
+#[derive(Debug, Default)]
+struct Seen {
+    peer_gone: Option<Duration>,
+    outcomes_changed: Option<Duration>,
+}
+
+#[test]
+fn a_killed_peer_leaves_the_survivors_status_within_two_heartbeats() {
+    let spec = SwarmSpec::default();
+    let interval = Duration::from_millis(spec.heartbeat_interval_ms);
+    let poll = Duration::from_millis(100);
+    let bound = 2 * interval + poll;
+    let _one_swarm_at_a_time = swarm::exclusive();
+    let mut swarm = LocalSwarm::start(&spec);
+    swarm.wait_until_meshed(MESH_PATIENCE);
+    // Every survivor has averaged before the crash, so a change of outcome is a change.
+    let settle = Instant::now() + MESH_PATIENCE;
+    for peer in &swarm.peers {
+        while peer.status().map_or(true, |s| {
+            s["last_rounds"].as_array().is_none_or(|r| r.is_empty())
+        }) {
+            if Instant::now() > settle {
+                peer.fail("no averaging round before the crash");
+            }
+            std::thread::sleep(poll);
+        }
+    }
+    let before: Vec<f64> = swarm.peers[..2]
+        .iter()
+        .map(|p| unfinished_rounds(&p.metrics().unwrap_or_else(|e| p.fail(&e))))
+        .collect();
+
+    let victim = swarm.peers[2].peer_id.clone();
+    swarm.peers[2].kill_hard();
+    let killed = Instant::now();
+    let survivors: &[SwarmPeer] = &swarm.peers[..2];
+    let mut seen: Vec<Seen> = survivors.iter().map(|_| Seen::default()).collect();
+    // Watch well past the bound, so a failure says when (if ever) the change came.
+    let watch_until = killed + Duration::from_secs(30);
+    while Instant::now() < watch_until {
+        for ((peer, seen), before) in survivors.iter().zip(&mut seen).zip(&before) {
+            let at = killed.elapsed();
+            let (Ok(status), Ok(page)) = (peer.status(), peer.metrics()) else {
+                peer.fail("stopped answering /status or /metrics after another peer's crash");
+            };
+            let listed = listed_peers(&status).contains(&victim);
+            let connected = sample(&page, "murmur_net_connected_peers");
+            if seen.peer_gone.is_none() && !listed && connected == Some(1.0) {
+                seen.peer_gone = Some(at);
+            }
+            let outcome_in_status = status["last_rounds"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|r| r["outcome"] != "complete");
+            if seen.outcomes_changed.is_none()
+                && (outcome_in_status || unfinished_rounds(&page) > *before)
+            {
+                seen.outcomes_changed = Some(at);
+            }
+        }
+        if seen
+            .iter()
+            .all(|s| s.peer_gone.is_some() && s.outcomes_changed.is_some())
+        {
+            break;
+        }
+        std::thread::sleep(poll);
+    }
+    let mut report = String::new();
+    for (peer, seen) in survivors.iter().zip(&seen) {
+        let _ = writeln!(
+            report,
+            "{}: peer gone from /status and murmur_net_connected_peers after {}; \
+             a partial or failed round after {}",
+            peer.name,
+            shown(seen.peer_gone),
+            shown(seen.outcomes_changed)
+        );
+    }
+    assert!(
+        seen.iter().all(|s| !late(s, bound)),
+        "after SIGKILL of one of 3 peers (heartbeat every {interval:?}), the survivors must \
+         show it within {bound:?}:\n{report}{}",
+        survivors[0].log_tail(20)
+    );
+}
+
+/// Whether either change came later than `bound`, or not at all.
+fn late(seen: &Seen, bound: Duration) -> bool {
+    [seen.peer_gone, seen.outcomes_changed]
+        .iter()
+        .any(|at| at.is_none_or(|at| at > bound))
+}
+
+fn shown(at: Option<Duration>) -> String {
+    at.map_or_else(
+        || "never (watched 30 s)".to_owned(),
+        |at| format!("{at:.2?}"),
+    )
+}
