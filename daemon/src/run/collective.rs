@@ -181,6 +181,13 @@ pub(crate) struct RoundOutcome {
     pub(crate) coverage: f64,
     /// Fraction of the vector averaged over every member of the group.
     pub(crate) coverage_all: f64,
+    /// Senders this member's reduction dropped for silence (butterfly).
+    pub(crate) stragglers_dropped: u32,
+    /// Parts whose reducer fell silent, kept at local values (butterfly).
+    pub(crate) parts_timed_out: u32,
+    /// Relative L2 distance between this member's contribution and the result
+    /// (butterfly; `None` for the ring).
+    pub(crate) drift: Option<f64>,
     pub(crate) duration: Duration,
     /// When this member's result was complete (its own averages may still be going out).
     pub(crate) finished_after: Duration,
@@ -199,6 +206,37 @@ impl RoundOutcome {
             "failed"
         }
     }
+}
+
+/// What a finished round reported.
+#[derive(Debug, Clone, Copy)]
+struct Finished {
+    coverage: f64,
+    coverage_all: f64,
+    stragglers_dropped: u32,
+    parts_timed_out: u32,
+}
+
+impl Finished {
+    /// A round whose coverage is the same over every measure, with no faults counted.
+    fn whole(coverage: f64) -> Finished {
+        Finished {
+            coverage,
+            coverage_all: coverage,
+            stragglers_dropped: 0,
+            parts_timed_out: 0,
+        }
+    }
+}
+
+/// `‖a − b‖ / ‖b‖`, or `None` when `b` is zero.
+pub(crate) fn relative_distance(a: &[f32], b: &[f32]) -> Option<f64> {
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        diff += (f64::from(x) - f64::from(y)).powi(2);
+        norm += f64::from(y).powi(2);
+    }
+    (norm > 0.0).then(|| (diff / norm).sqrt())
 }
 
 /// What woke a round's loop.
@@ -280,9 +318,10 @@ pub(crate) async fn average<H: RoundHost>(
     };
     let mut sends: HashMap<u64, (PeerId, PayloadRef)> = HashMap::new();
     let mut next_tag = 0u64;
-    let mut finished: Option<(f64, f64)> = None;
+    let mut finished: Option<Finished> = None;
     let mut stop_requested = false;
     let mut finished_after = None;
+
     for d in early.take(peer.mailbox(), round) {
         feed(peer, &mut machine, d)?;
     }
@@ -383,15 +422,23 @@ pub(crate) async fn average<H: RoundHost>(
             Wake::Request(Request::Resume) => peer.set_paused(false),
         }
     }
-    let (coverage, coverage_all) = finished.unwrap_or((0.0, 0.0));
-    let values = match machine {
-        Machine::Butterfly(r) => r.into_vectors().1,
-        Machine::Ring(r) => r.result().to_vec(),
+    let end = finished.unwrap_or(Finished::whole(0.0));
+    let (values, drift) = match machine {
+        Machine::Butterfly(r) => {
+            let (local, result) = r.into_vectors();
+            let drift = relative_distance(&local, &result);
+            (result, drift)
+        }
+        // The ring scales its input in place, so there is nothing to compare with.
+        Machine::Ring(r) => (r.result().to_vec(), None),
     };
     Ok(RoundOutcome {
         values,
-        coverage,
-        coverage_all,
+        coverage: end.coverage,
+        coverage_all: end.coverage_all,
+        stragglers_dropped: end.stragglers_dropped,
+        parts_timed_out: end.parts_timed_out,
+        drift,
         duration: started.elapsed(),
         finished_after: finished_after.unwrap_or_else(|| started.elapsed()),
         group,
@@ -458,7 +505,7 @@ fn drain<H: RoundHost>(
     machine: &mut Machine,
     sends: &mut HashMap<u64, (PeerId, PayloadRef)>,
     next_tag: &mut u64,
-    finished: &mut Option<(f64, f64)>,
+    finished: &mut Option<Finished>,
     group: usize,
 ) -> anyhow::Result<()> {
     loop {
@@ -507,10 +554,13 @@ fn drain<H: RoundHost>(
                     let members = u32::try_from(group).unwrap_or(u32::MAX);
                     let dropped = u32::try_from(report.dropped_senders.len()).unwrap_or(0);
                     let alive = members.saturating_sub(dropped).max(1);
-                    *finished = Some((
-                        report.fraction_covered_by(alive),
-                        report.fraction_covered_by(members),
-                    ));
+                    *finished = Some(Finished {
+                        coverage: report.fraction_covered_by(alive),
+                        coverage_all: report.fraction_covered_by(members),
+                        stragglers_dropped: dropped,
+                        parts_timed_out: u32::try_from(report.fallback_reducers().len())
+                            .unwrap_or(u32::MAX),
+                    });
                     continue;
                 }
             },
@@ -527,12 +577,12 @@ fn drain<H: RoundHost>(
                     (to, Box::new(make), payload, address.elements)
                 }
                 Some(RingOutput::Finished) => {
-                    *finished = Some((1.0, 1.0));
+                    *finished = Some(Finished::whole(1.0));
                     continue;
                 }
                 Some(RingOutput::Failed { steps_received }) => {
                     tracing::warn!(steps_received, "ring round failed; keeping local values");
-                    *finished = Some((0.0, 0.0));
+                    *finished = Some(Finished::whole(0.0));
                     continue;
                 }
             },

@@ -160,11 +160,14 @@ impl Peer {
             coverage: outcome.coverage,
             group_size: u32::try_from(outcome.group).unwrap_or(u32::MAX),
             out_peer: None,
-            stragglers_dropped: 0,
-            parts_timed_out: 0,
+            stragglers_dropped: outcome.stragglers_dropped,
+            parts_timed_out: outcome.parts_timed_out,
         };
         self.metrics.averaging.record_round(&summary);
         self.board.record_round(&summary);
+        if let Some(drift) = outcome.drift {
+            self.metrics.averaging.set_consensus_drift(drift);
+        }
     }
 
     /// Counts a parcel's bytes by codec and message kind, sent or received.
@@ -188,7 +191,7 @@ impl Peer {
     }
 
     /// Notes a push-sum share's fate (SGP's unit of averaging).
-    pub(crate) fn record_share(&self, to: PeerId, delivered: bool) {
+    pub(crate) fn record_share(&self, to: PeerId, delivered: bool, took: Duration) {
         let summary = RoundSummary {
             mode: self.mode,
             outcome: if delivered {
@@ -196,7 +199,7 @@ impl Peer {
             } else {
                 RoundOutcome::Failed
             },
-            duration: Duration::ZERO,
+            duration: took,
             coverage: if delivered { 1.0 } else { 0.0 },
             group_size: 2,
             out_peer: Some(to),

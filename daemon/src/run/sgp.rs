@@ -7,7 +7,8 @@
 //! outbox, whose reports confirm them or hand their mass back; shares that arrive are
 //! folded in at once.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use murmur_gossip::net::NetEvent;
@@ -48,6 +49,7 @@ pub(crate) async fn run(
         leave_deadline: None,
         pending_step: None,
         final_eval_asked: false,
+        sent_at: HashMap::new(),
     };
     loop {
         sgp.drain(peer, &mut machine)?;
@@ -87,7 +89,7 @@ pub(crate) async fn run(
                 peer.heartbeat_step = step_offset + machine.steps_done();
                 for silent in peer.maintain() {
                     // Its mass in flight is lost, as with a crash seen by the network.
-                    peer.record_share(silent, false);
+                    peer.record_share(silent, false, Duration::ZERO);
                     let now = peer.now();
                     machine.handle(now, SgpInput::PeerCrashed(silent))?;
                 }
@@ -122,6 +124,8 @@ struct SgpLoop {
     /// A step the machine allowed while the peer was paused.
     pending_step: Option<u64>,
     final_eval_asked: bool,
+    /// When each share in the outbox was handed to it, by sequence number.
+    sent_at: HashMap<u64, Instant>,
 }
 
 impl SgpLoop {
@@ -171,7 +175,9 @@ impl SgpLoop {
             },
             payload,
         );
+        self.sent_at.insert(header.seq, Instant::now());
         if let Err(parcel) = peer.outbox.send(to, header.seq, parcel) {
+            self.sent_at.remove(&header.seq);
             // The destination's queue is full: the share never left, so take it back.
             let now = peer.now();
             let payload = parcel.into_payload();
@@ -310,6 +316,9 @@ impl SgpLoop {
                         reference: share.reference_step,
                         codec: share.codec,
                     };
+                    if header.reference.is_none() && share.weight > 0.0 {
+                        drift_against(peer, machine, &payload, share.weight);
+                    }
                     let now = peer.now();
                     let input = SgpInput::ShareReceived {
                         from,
@@ -348,7 +357,11 @@ impl SgpLoop {
         let Parcel::Share(share, payload) = parcel else {
             return Ok(());
         };
-        peer.record_share(to, result.is_ok());
+        let took = self
+            .sent_at
+            .remove(&tag)
+            .map_or(Duration::ZERO, |at| at.elapsed());
+        peer.record_share(to, result.is_ok(), took);
         match result {
             Ok(()) => machine.handle(now, SgpInput::ShareDelivered { to, seq: tag })?,
             Err(e) => {
@@ -426,5 +439,28 @@ impl SgpLoop {
                 }
             }
         }
+    }
+}
+
+/// Sets the consensus-drift gauge from an exact (`f32`) share: the relative distance
+/// between this peer's `z = x / w` and its sender's, `share / weight`. Quantized shares
+/// carry a deviation from a reference instead, and are not used.
+fn drift_against(peer: &Peer, machine: &SgpPeer<PeerId>, payload: &[u8], weight: f64) {
+    let state = machine.state();
+    if state.weight() <= 0.0 || payload.len() != state.numerator().len() * 4 {
+        return;
+    }
+    let (mine, theirs) = (1.0 / state.weight(), 1.0 / weight);
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (&x, bytes) in state.numerator().iter().zip(payload.chunks_exact(4)) {
+        let other =
+            f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])) * theirs;
+        diff += (f64::from(x) * mine - other).powi(2);
+        norm += other * other;
+    }
+    if norm > 0.0 {
+        peer.metrics
+            .averaging
+            .set_consensus_drift((diff / norm).sqrt());
     }
 }
