@@ -34,7 +34,7 @@ use peer::{Peer, Signals};
 use progress::{Counters, EvalLosses, Progress};
 pub(crate) use settings::{LocalSgdSettings, RunSettings};
 use state_sync::StateCell;
-use worker::Worker;
+use worker::{SharedOptimizer, Worker};
 
 /// Why a peer stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,8 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let loss_floor = task.dataset.loss_floor();
     let layout = task.model.layout().clone();
     let len = params.len();
-    let worker = Worker::spawn(task, len, settings.slowdown)?;
+    let optimizer = SharedOptimizer::default();
+    let worker = Worker::spawn(task, len, settings.slowdown, Arc::clone(&optimizer))?;
 
     let listen: Vec<String> = net
         .listen_addrs()
@@ -151,7 +152,9 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         counters: Counters::default(),
         peers: BTreeMap::new(),
         model_fingerprint: fingerprint(&layout),
+        optimizer,
         state,
+        pending_optimizer: None,
         last_heard: HashMap::new(),
         next_heartbeat: tokio::time::Instant::now(),
         next_liveness: tokio::time::Instant::now(),
@@ -177,6 +180,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         tracing::info!(swarm_step, "the swarm is training already: joining it");
     }
 
+    peer.load_pending_optimizer().await;
     let outcome = match mode {
         AveragingMode::Sgp => {
             let founder = (!joining).then_some(params);
@@ -326,6 +330,7 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
     params.copy_from_slice(&tensor.data);
     peer.counters.step = snapshot.step;
     peer.counters.samples = snapshot.samples;
+    peer.pending_optimizer = peer::optimizer_of(&snapshot);
     tracing::info!(path = %path.display(), step = snapshot.step, "resumed from a checkpoint");
     Some(snapshot.step)
 }
@@ -362,6 +367,7 @@ async fn join_from_swarm(peer: &mut Peer, params: &mut [f32], limits: FrameLimit
     match tensor.filter(|_| fits) {
         Some(tensor) => {
             params.copy_from_slice(&tensor.data);
+            peer.pending_optimizer = peer::optimizer_of(&snapshot);
             tracing::info!(step = snapshot.step, "started from the swarm's state");
         }
         None => tracing::warn!("the downloaded state is for another swarm or model; ignoring it"),

@@ -20,6 +20,7 @@ use super::progress::{Counters, Progress};
 use super::settings::RunSettings;
 use super::state_sync::StateCell;
 use super::worker::Worker;
+use super::worker::{Done, Job, OptimizerState, SharedOptimizer};
 use crate::checkpoint::CheckpointStore;
 use crate::observe::{Metrics, RoundOutcome, RoundSummary, StatusBoard};
 
@@ -91,6 +92,10 @@ pub(crate) struct Peer {
     pub(crate) model_fingerprint: [u8; 32],
     /// The state snapshot this peer serves to joiners.
     pub(crate) state: StateCell,
+    /// The optimizer's state as the trainer last shared it.
+    pub(crate) optimizer: SharedOptimizer,
+    /// Optimizer state found in a checkpoint or a download, to load before training.
+    pub(crate) pending_optimizer: Option<OptimizerState>,
     /// When each peer's last heartbeat arrived (only peers heard at least once).
     pub(crate) last_heard: HashMap<PeerId, Instant>,
     /// When the next heartbeat goes out and silent peers are next looked for.
@@ -374,18 +379,66 @@ impl Peer {
         }
     }
 
-    /// The state at `params`, as checkpoints and joiners receive it.
+    /// The state at `params`, as checkpoints and joiners receive it: the parameters and
+    /// the optimizer's state as the trainer last shared it (at most
+    /// `OPTIMIZER_SHARE_EVERY` optimizer steps old).
     pub(crate) fn snapshot(&self, params: &[f32]) -> Snapshot {
+        let mut tensors = vec![NamedTensor {
+            name: "params".into(),
+            data: params.to_vec(),
+        }];
+        if let Ok(optimizer) = self.optimizer.lock()
+            && !optimizer.slots.is_empty()
+        {
+            // Two exact f32 integers of 24 bits each: steps up to 2^48.
+            let steps = optimizer.steps_taken;
+            tensors.push(NamedTensor {
+                name: STEPS_TENSOR.into(),
+                data: vec![
+                    (steps & 0xff_ffff) as f32,
+                    ((steps >> 24) & 0xff_ffff) as f32,
+                ],
+            });
+            for (name, values) in &optimizer.slots {
+                tensors.push(NamedTensor {
+                    name: format!("{OPTIMIZER_PREFIX}{name}"),
+                    data: values.clone(),
+                });
+            }
+        }
         Snapshot {
             step: self.counters.step,
             samples: self.counters.samples,
             push_sum_weight: 1.0,
             swarm_id: self.settings.swarm_id.clone(),
             model_fingerprint: self.model_fingerprint,
-            tensors: vec![NamedTensor {
-                name: "params".into(),
-                data: params.to_vec(),
-            }],
+            tensors,
+        }
+    }
+
+    /// Loads optimizer state found at start (checkpoint or download) into the trainer.
+    pub(crate) async fn load_pending_optimizer(&mut self) {
+        let Some(state) = self.pending_optimizer.take() else {
+            return;
+        };
+        let steps = state.steps_taken;
+        if let Err(e) = self.worker.submit(Job::LoadOptimizer(state)) {
+            tracing::warn!(error = format!("{e:#}"), "optimizer state not loaded");
+            return;
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(30), self.worker.done.recv()).await;
+        self.worker.finished();
+        match answer {
+            Ok(Some(Ok(Done::OptimizerLoaded))) => {
+                tracing::info!(steps, "optimizer state loaded");
+            }
+            Ok(Some(Err(e))) => {
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    "optimizer state not loaded; starting it fresh"
+                );
+            }
+            _ => tracing::warn!("the trainer did not load the optimizer state; starting it fresh"),
         }
     }
 
@@ -401,6 +454,30 @@ impl Peer {
         tracing::info!(path = %path.display(), step = self.counters.step, "checkpoint written");
         Ok(())
     }
+}
+
+/// Snapshot tensor holding the optimizer's step count.
+const STEPS_TENSOR: &str = "optimizer.steps_taken";
+/// Prefix of the snapshot tensors holding optimizer slots.
+const OPTIMIZER_PREFIX: &str = "optimizer.slot.";
+
+/// The optimizer state a snapshot holds, if any.
+pub(crate) fn optimizer_of(snapshot: &Snapshot) -> Option<OptimizerState> {
+    let steps = snapshot.tensors.iter().find(|t| t.name == STEPS_TENSOR)?;
+    let [lo, hi] = steps.data.as_slice() else {
+        return None;
+    };
+    let steps_taken = (*lo as u64) | ((*hi as u64) << 24);
+    let slots = snapshot
+        .tensors
+        .iter()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix(OPTIMIZER_PREFIX)
+                .map(|name| (name.to_owned(), t.data.clone()))
+        })
+        .collect();
+    Some(OptimizerState { steps_taken, slots })
 }
 
 /// Local steps between refreshes of the state served to joiners.

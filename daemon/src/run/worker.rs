@@ -4,6 +4,7 @@
 //! Buffers move, they are not copied: a job carries the vector the loop gave up, and its
 //! answer carries the same vector back.
 
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -34,7 +35,25 @@ pub(crate) enum Job {
     },
     /// Eval loss of `params`.
     Eval { params: Vec<f32> },
+    /// Replaces the optimizer's state (from a checkpoint or the swarm).
+    LoadOptimizer(OptimizerState),
 }
+
+/// The optimizer's state: its step count and its slots (e.g. AdamW's two moments).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct OptimizerState {
+    pub(crate) steps_taken: u64,
+    /// Slot name and values, in the optimizer's order.
+    pub(crate) slots: Vec<(String, Vec<f32>)>,
+}
+
+/// The optimizer state as of the last refresh, shared with the run loop (for checkpoints
+/// and state sync). The trainer copies into it every [`OPTIMIZER_SHARE_EVERY`] optimizer
+/// steps, reusing its buffers.
+pub(crate) type SharedOptimizer = Arc<Mutex<OptimizerState>>;
+
+/// Optimizer steps between refreshes of the shared optimizer state.
+pub(crate) const OPTIMIZER_SHARE_EVERY: u64 = 10;
 
 /// A finished job, with its buffers.
 #[derive(Debug)]
@@ -64,6 +83,7 @@ pub(crate) enum Done {
         params: Vec<f32>,
         loss: f32,
     },
+    OptimizerLoaded,
 }
 
 /// The trainer thread and its two queues.
@@ -78,13 +98,18 @@ pub(crate) struct Worker {
 impl Worker {
     /// Starts the thread. `slowdown ≥ 1` stretches every step to that multiple of its
     /// compute time (a simulated straggler).
-    pub(crate) fn spawn(task: Task, params_len: usize, slowdown: f64) -> anyhow::Result<Worker> {
+    pub(crate) fn spawn(
+        task: Task,
+        params_len: usize,
+        slowdown: f64,
+        shared: SharedOptimizer,
+    ) -> anyhow::Result<Worker> {
         let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel(1);
         let thread = std::thread::Builder::new()
             .name("murmur-trainer".into())
             .spawn(move || {
-                let mut state = WorkerState::new(task, params_len, slowdown);
+                let mut state = WorkerState::new(task, params_len, slowdown, shared);
                 while let Ok(job) = jobs_rx.recv() {
                     let done = state.run(job);
                     if done_tx.blocking_send(done).is_err() {
@@ -141,10 +166,11 @@ struct WorkerState {
     batch: Batch,
     grad: Vec<f32>,
     slowdown: f64,
+    shared: SharedOptimizer,
 }
 
 impl WorkerState {
-    fn new(task: Task, params_len: usize, slowdown: f64) -> WorkerState {
+    fn new(task: Task, params_len: usize, slowdown: f64, shared: SharedOptimizer) -> WorkerState {
         let rows = task.batch_size;
         let batch = match task.dataset.shape() {
             DataShape::Tokens { context, .. } => Batch::tokens_with_capacity(rows, context),
@@ -155,6 +181,29 @@ impl WorkerState {
             batch,
             grad: vec![0.0; params_len],
             slowdown,
+            shared,
+        }
+    }
+
+    /// Copies the optimizer's state into the shared cell when a refresh is due.
+    fn share_optimizer(&self) {
+        let optimizer = &self.task.optimizer;
+        let steps = optimizer.steps_taken();
+        if !steps.is_multiple_of(OPTIMIZER_SHARE_EVERY) {
+            return;
+        }
+        let Ok(mut shared) = self.shared.lock() else {
+            return;
+        };
+        shared.steps_taken = steps;
+        let names = optimizer.slot_names();
+        shared.slots.resize_with(names.len(), Default::default);
+        for ((slot, values), name) in shared.slots.iter_mut().zip(optimizer.slots()).zip(names) {
+            if slot.0 != *name {
+                slot.0 = (*name).to_owned();
+            }
+            slot.1.clear();
+            slot.1.extend_from_slice(values);
         }
     }
 
@@ -190,6 +239,7 @@ impl WorkerState {
                     )
                     .context("local step")?;
                 let compute = started.elapsed();
+                self.share_optimizer();
                 self.stretch(compute);
                 let eval_loss = eval
                     .then(|| self.task.evaluate(&params))
@@ -235,6 +285,7 @@ impl WorkerState {
                     .optimizer
                     .step(&mut params, &grad, lr)
                     .context("optimizer step")?;
+                self.share_optimizer();
                 let eval_loss = eval
                     .then(|| self.task.evaluate(&params))
                     .transpose()
@@ -249,6 +300,21 @@ impl WorkerState {
             Job::Eval { params } => {
                 let loss = self.task.evaluate(&params).context("eval")?;
                 Ok(Done::Eval { params, loss })
+            }
+            Job::LoadOptimizer(state) => {
+                let optimizer = &mut self.task.optimizer;
+                let names = optimizer.slot_names();
+                let same_slots = state.slots.len() == names.len()
+                    && state.slots.iter().zip(names).all(|(s, n)| s.0 == *n);
+                anyhow::ensure!(
+                    same_slots,
+                    "the saved optimizer state is for another optimizer"
+                );
+                let slots: Vec<&[f32]> = state.slots.iter().map(|s| s.1.as_slice()).collect();
+                optimizer
+                    .load_state(state.steps_taken, &slots)
+                    .context("loading the optimizer state")?;
+                Ok(Done::OptimizerLoaded)
             }
         }
     }

@@ -366,12 +366,17 @@ mod tests {
 
     #[test]
     fn the_config_reads_from_text_with_defaults_and_refuses_unknown_keys() {
-        let parsed: NetConfig =
-            serde_json::from_str(r#"{"swarm_id": "demo", "mdns": true, "auth_timeout_ms": 750}"#)
-                .unwrap_or_else(|e| panic!("{e}"));
+        let parsed: NetConfig = serde_json::from_str(r#"{"mdns": true, "auth_timeout_ms": 750}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(parsed.mdns);
         assert_eq!(parsed.auth_timeout_ms, 750);
         assert_eq!(parsed.max_connections, NetConfig::default().max_connections);
         assert!(serde_json::from_str::<NetConfig>(r#"{"mdsn": true}"#).is_err());
+        // The swarm, the invite and the bandwidth caps come from the daemon's own
+        // sections, never from the network table.
+        for key in ["swarm_id", "authority", "invite", "max_upload_bytes_per_s"] {
+            let text = format!(r#"{{"{key}": 1}}"#);
+            assert!(serde_json::from_str::<NetConfig>(&text).is_err(), "{key}");
+        }
     }
 }
