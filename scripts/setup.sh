@@ -35,6 +35,24 @@ if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-ge
     || echo "setup: could not install fonts-dejavu-core; loss.png will have no text" >&2
 fi
 
+# ip, tc (iproute2) and ping (iputils-ping): the network-namespace harness in tests/netns.
+netns_packages=""
+if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then netns_packages="iproute2"; fi
+if ! command -v ping >/dev/null 2>&1; then netns_packages="$netns_packages iputils-ping"; fi
+if [ -n "$netns_packages" ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${netns_packages# }" >&2
+    sudo_cmd=""
+    if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+    # shellcheck disable=SC2086 # the package list is meant to split
+    { $sudo_cmd apt-get update -qq \
+        && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends $netns_packages >/dev/null; } \
+      || echo "setup: could not install ${netns_packages# }; the tests in tests/netns will fail" >&2
+  else
+    echo "setup: install iproute2 and iputils-ping by hand for the tests in tests/netns" >&2
+  fi
+fi
+
 # Python's safetensors (numpy backend): the daemon's export test loads the exported model with it.
 if ! python3 -c "import safetensors, numpy" >/dev/null 2>&1; then
   if command -v python3 >/dev/null 2>&1; then

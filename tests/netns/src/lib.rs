@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+
+pub mod delay_line;
+mod error;
+mod exec;
+mod harness;
+pub mod packet;
+mod probe;
+pub mod topology;
+
+#[cfg(test)]
+mod delay_line_tests;
+
+pub use delay_line::{DelayLine, DelayLineStats, LinkImpairment};
+pub use error::HarnessError;
+pub use exec::{KillOnDrop, run_bounded, run_checked};
+pub use harness::{Harness, NAMESPACE_PREFIX};
+pub use probe::{BulkReport, PingReport};
+pub use topology::{LinkShape, Topology};
