@@ -256,7 +256,8 @@ pub(crate) struct AllreduceArgs {
     /// Elements (f32) of the averaged vector.
     #[arg(long, default_value_t = 10_000_000)]
     pub(crate) elements: usize,
-    /// Wire codec (f32, f16, bf16, int8:64, ...).
+    /// Wire codec (f32, f16, bf16, int8:64, ...); several, comma-separated, run one after
+    /// the other in the same run and are compared.
     #[arg(long, default_value = "f32")]
     pub(crate) codec: String,
     /// The collective.

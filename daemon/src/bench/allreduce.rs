@@ -58,10 +58,40 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let codec = CodecSpec::parse(&args.codec)
-        .map_err(|e| BadInput(format!("--codec {}: {e}", args.codec)))?;
-
+    let mut codecs = Vec::new();
+    for text in args.codec.split(',') {
+        codecs.push(
+            CodecSpec::parse(text.trim()).map_err(|e| BadInput(format!("--codec {text}: {e}")))?,
+        );
+    }
     let stream_bps = single_stream(args)?;
+    let mut times = Vec::new();
+    for &codec in &codecs {
+        times.push(run_codec(args, codec, stream_bps)?);
+    }
+    // Several codecs in one run: how much faster each round is than the first codec's.
+    if let [(first, first_time), rest @ ..] = times.as_slice() {
+        for (codec, time) in rest {
+            let speedup = first_time / time;
+            if args.json {
+                println!(
+                    "{}",
+                    json!({"compare": first.to_string(), "with": codec.to_string(), "speedup": speedup})
+                );
+            } else {
+                println!("{codec} rounds are {speedup:.2}x as fast as {first} rounds (medians)");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the benchmark with one codec; returns the codec and its median round time.
+fn run_codec(
+    args: &AllreduceArgs,
+    codec: CodecSpec,
+    stream_bps: f64,
+) -> anyhow::Result<(CodecSpec, f64)> {
     let plan = LocalPlan {
         peers: args.peers,
         mode: LocalAveragingMode::Butterfly,
@@ -93,7 +123,8 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     drop(tx);
     let (rounds, discovery_s) = collect(&rx, args, &mut children)?;
     drop(children);
-    report(args, codec, stream_bps, &rounds, discovery_s, dir.root())
+    let median_time = report(args, codec, stream_bps, &rounds, discovery_s, dir.root())?;
+    Ok((codec, median_time))
 }
 
 /// One libp2p tensor stream's throughput on this machine, bytes per second (median).
@@ -225,7 +256,7 @@ fn report(
     rounds: &[Vec<Option<Value>>],
     discovery_s: f64,
     dir: &std::path::Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<f64> {
     let mut rows = Vec::new();
     for (round, peers) in rounds.iter().enumerate() {
         let lines: Vec<&Value> = peers.iter().flatten().collect();
@@ -282,7 +313,7 @@ fn report(
     });
     if args.json {
         println!("{summary}");
-        return Ok(());
+        return Ok(median("time_s"));
     }
     println!(
         "{} peers, {} elements, {codec}, {algo}; one tensor stream: {:.1} MB/s",
@@ -308,5 +339,5 @@ fn report(
         median("time_s"),
         median("efficiency")
     );
-    Ok(())
+    Ok(median("time_s"))
 }
