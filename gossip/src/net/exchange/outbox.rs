@@ -54,7 +54,8 @@ struct Outgoing {
 /// Each destination gets a writer task with a bounded queue. The writer opens a stream on
 /// its first parcel (every open and write is bounded by the network layer's timeouts),
 /// keeps it while parcels keep coming, and closes it after `idle_close` of quiet. A failed
-/// open or write fails that parcel and drops the stream; the next parcel opens a new one.
+/// open or write is tried once more on a new stream; a second failure fails that parcel,
+/// and the next parcel opens a new stream.
 /// Every parcel comes back in a [`SendReport`].
 #[derive(Debug)]
 pub struct Outbox {
@@ -146,9 +147,17 @@ async fn write_to(
             Ok(Some(next)) => next,
             Ok(None) | Err(_) => break,
         };
-        let result = write_one(&net, &to, &mut stream, &next.parcel).await;
+        let mut result = write_one(&net, &to, &mut stream, &next.parcel).await;
         if result.is_err() {
+            // Once more on a fresh stream: libp2p may have opened the first on a
+            // connection that was closing while another one to the same peer lives. A frame
+            // cut short on the old stream is discarded by the receiver, so nothing arrives
+            // twice.
             stream = None;
+            result = write_one(&net, &to, &mut stream, &next.parcel).await;
+            if result.is_err() {
+                stream = None;
+            }
         }
         let report = SendReport {
             to,
