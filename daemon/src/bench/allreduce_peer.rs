@@ -17,7 +17,6 @@ use murmur_gossip::net::{self, NetEvent, NetHandle, NetIdentity};
 use murmur_gossip::sgp::{SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::PeerId;
-use murmur_protocol::message::PushSumShare;
 use serde_json::json;
 use tokio::sync::broadcast;
 
@@ -296,20 +295,7 @@ async fn gossip(
                         payload,
                     } => {
                         let elements = u32::try_from(args.elements)?;
-                        let parcel = Parcel::Share(
-                            PushSumShare {
-                                step: header.step,
-                                chunk: 0,
-                                chunk_count: 1,
-                                offset: 0,
-                                elements,
-                                weight: header.weight,
-                                reference_step: header.reference,
-                                codec: header.codec,
-                                payload: &[],
-                            },
-                            payload,
-                        );
+                        let parcel = Parcel::Share(header.to_wire(elements), payload);
                         if let Err(parcel) = peer.outbox.send(to, header.seq, parcel) {
                             let payload = parcel.into_payload();
                             let now = peer.now();
@@ -340,13 +326,7 @@ async fn gossip(
             tokio::select! {
                 Some(d) = peer.mailbox.recv() => {
                     if let Parcel::Share(share, payload) = &d.parcel {
-                        let header = ShareHeader {
-                            seq: 0,
-                            step: share.step,
-                            weight: share.weight,
-                            reference: share.reference_step,
-                            codec: share.codec,
-                        };
+                        let header = ShareHeader::from_wire(share, 0);
                         let now = peer.now();
                         let input = SgpInput::ShareReceived { from: d.from, header, payload };
                         if let Err(e) = machine.handle(now, input) {
@@ -362,13 +342,7 @@ async fn gossip(
                         if report.result.is_ok() {
                             machine.handle(now, SgpInput::ShareDelivered { to, seq: report.tag })?;
                         } else {
-                            let header = ShareHeader {
-                                seq: report.tag,
-                                step: share.step,
-                                weight: share.weight,
-                                reference: share.reference_step,
-                                codec: share.codec,
-                            };
+                            let header = ShareHeader::from_wire(&share, report.tag);
                             let input = SgpInput::ShareReturned {
                                 to,
                                 header,

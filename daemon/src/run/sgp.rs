@@ -15,7 +15,6 @@ use murmur_gossip::net::NetEvent;
 use murmur_gossip::net::exchange::{Delivery, Parcel, SendReport};
 use murmur_gossip::sgp::{SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use murmur_protocol::identity::PeerId;
-use murmur_protocol::message::PushSumShare;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Finish;
@@ -161,20 +160,7 @@ impl SgpLoop {
     ) -> anyhow::Result<()> {
         let elements = u32::try_from(self.len).context("model too large for one share")?;
         peer.counters.raw_bytes += self.len as u64 * 4;
-        let parcel = Parcel::Share(
-            PushSumShare {
-                step: header.step,
-                chunk: 0,
-                chunk_count: 1,
-                offset: 0,
-                elements,
-                weight: header.weight,
-                reference_step: header.reference,
-                codec: header.codec,
-                payload: &[],
-            },
-            payload,
-        );
+        let parcel = Parcel::Share(header.to_wire(elements), payload);
         self.sent_at.insert(header.seq, Instant::now());
         if let Err(parcel) = peer.outbox.send(to, header.seq, parcel) {
             self.sent_at.remove(&header.seq);
@@ -309,13 +295,7 @@ impl SgpLoop {
                 if share.chunk_count != 1 || share.elements as usize != self.len {
                     tracing::warn!(peer = %from, "share of the wrong shape dropped");
                 } else {
-                    let header = ShareHeader {
-                        seq: 0,
-                        step: share.step,
-                        weight: share.weight,
-                        reference: share.reference_step,
-                        codec: share.codec,
-                    };
+                    let header = ShareHeader::from_wire(&share, 0);
                     if header.reference.is_none() && share.weight > 0.0 {
                         drift_against(peer, machine, &payload, share.weight);
                     }
@@ -366,13 +346,7 @@ impl SgpLoop {
             Ok(()) => machine.handle(now, SgpInput::ShareDelivered { to, seq: tag })?,
             Err(e) => {
                 tracing::debug!(peer = %to, error = %e, "share not delivered; taking it back");
-                let header = ShareHeader {
-                    seq: tag,
-                    step: share.step,
-                    weight: share.weight,
-                    reference: share.reference_step,
-                    codec: share.codec,
-                };
+                let header = ShareHeader::from_wire(&share, tag);
                 machine.handle(
                     now,
                     SgpInput::ShareReturned {

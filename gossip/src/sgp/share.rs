@@ -1,6 +1,7 @@
 //! What travels between two SGP peers: a share of push-sum mass.
 
 use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::message::PushSumShare;
 
 /// The scalar part of a share; the numerator travels beside it as a payload.
 ///
@@ -21,4 +22,34 @@ pub struct ShareHeader {
     pub reference: Option<u64>,
     /// How the payload is encoded.
     pub codec: CodecSpec,
+}
+
+impl ShareHeader {
+    /// The header of a share that arrived (or came back) as `share`; `seq` is the
+    /// sender's sequence number where the transport knows it (0 for a received share).
+    pub fn from_wire(share: &PushSumShare<'_>, seq: u64) -> ShareHeader {
+        ShareHeader {
+            seq,
+            step: share.step,
+            weight: share.weight,
+            reference: share.reference_step,
+            codec: share.codec,
+        }
+    }
+
+    /// The wire message of a whole share of `elements` elements in one chunk, its payload
+    /// left empty for the caller to attach.
+    pub fn to_wire(&self, elements: u32) -> PushSumShare<'static> {
+        PushSumShare {
+            step: self.step,
+            chunk: 0,
+            chunk_count: 1,
+            offset: 0,
+            elements,
+            weight: self.weight,
+            reference_step: self.reference,
+            codec: self.codec,
+            payload: &[],
+        }
+    }
 }
