@@ -509,13 +509,8 @@ fn drain<H: RoundHost>(
     group: usize,
 ) -> anyhow::Result<()> {
     loop {
-        #[expect(clippy::type_complexity, reason = "one send, whichever machine asked")]
-        let (to, parcel_of, payload, elements): (
-            PeerId,
-            Box<dyn FnOnce(Vec<u8>) -> Parcel>,
-            PayloadRef,
-            u32,
-        ) = match machine {
+        // The parcel's head, with an empty (unallocated) payload until the bytes are copied.
+        let (to, head, payload, elements): (PeerId, Parcel, PayloadRef, u32) = match machine {
             Machine::Butterfly(r) => match r.poll_output() {
                 None => return Ok(()),
                 Some(RoundOutput::SendPartChunk {
@@ -524,9 +519,8 @@ fn drain<H: RoundHost>(
                     weight,
                     payload,
                 }) => {
-                    let codec = r.codec_spec();
-                    let make = move |b| part_chunk(address, weight, codec, b);
-                    (to, Box::new(make), payload, address.elements)
+                    let head = part_chunk(address, weight, r.codec_spec());
+                    (to, head, payload, address.elements)
                 }
                 Some(RoundOutput::SendAveragedChunk {
                     to,
@@ -535,20 +529,17 @@ fn drain<H: RoundHost>(
                     total_weight,
                     payload,
                 }) => {
-                    let codec = r.codec_spec();
-                    let make = move |b| {
-                        Parcel::Averaged(
-                            AveragedChunk {
-                                address,
-                                contributors,
-                                total_weight,
-                                codec,
-                                payload: &[],
-                            },
-                            b,
-                        )
-                    };
-                    (to, Box::new(make), payload, address.elements)
+                    let head = Parcel::Averaged(
+                        AveragedChunk {
+                            address,
+                            contributors,
+                            total_weight,
+                            codec: r.codec_spec(),
+                            payload: &[],
+                        },
+                        Vec::new(),
+                    );
+                    (to, head, payload, address.elements)
                 }
                 Some(RoundOutput::Finished(report)) => {
                     let members = u32::try_from(group).unwrap_or(u32::MAX);
@@ -572,9 +563,8 @@ fn drain<H: RoundHost>(
                     weight,
                     payload,
                 }) => {
-                    let codec = peer.codec();
-                    let make = move |b| part_chunk(address, weight, codec, b);
-                    (to, Box::new(make), payload, address.elements)
+                    let head = part_chunk(address, weight, peer.codec());
+                    (to, head, payload, address.elements)
                 }
                 Some(RingOutput::Finished) => {
                     *finished = Some(Finished::whole(1.0));
@@ -597,7 +587,12 @@ fn drain<H: RoundHost>(
         peer.count_raw(u64::from(elements) * 4);
         let tag = *next_tag;
         *next_tag += 1;
-        match peer.io().outbox.send(to, tag, parcel_of(buf)) {
+        let parcel = match head {
+            Parcel::PartChunk(m, _) => Parcel::PartChunk(m, buf),
+            Parcel::Averaged(m, _) => Parcel::Averaged(m, buf),
+            other => other,
+        };
+        match peer.io().outbox.send(to, tag, parcel) {
             Ok(()) => {
                 sends.insert(tag, (to, payload));
             }
@@ -615,12 +610,8 @@ fn drain<H: RoundHost>(
     }
 }
 
-fn part_chunk(
-    address: ChunkAddress,
-    weight: f32,
-    codec: murmur_protocol::codec::CodecSpec,
-    payload: Vec<u8>,
-) -> Parcel {
+/// A part chunk's head, its payload still empty.
+fn part_chunk(address: ChunkAddress, weight: f32, codec: CodecSpec) -> Parcel {
     Parcel::PartChunk(
         TensorPartChunk {
             address,
@@ -628,6 +619,6 @@ fn part_chunk(
             codec,
             payload: &[],
         },
-        payload,
+        Vec::new(),
     )
 }

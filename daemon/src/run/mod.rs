@@ -31,7 +31,7 @@ use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, Sta
 use murmur_protocol::frame::FrameLimits;
 use murmur_protocol::snapshot::SnapshotLimits;
 use peer::{Peer, Signals};
-use progress::{Counters, EvalLosses, Progress};
+use progress::{Counters, Progress};
 pub(crate) use settings::{LocalSgdSettings, RunSettings};
 use state_sync::StateCell;
 use worker::{SharedOptimizer, Worker};
@@ -197,11 +197,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let (final_params, finish) = match outcome {
         Ok(done) => done,
         Err(e) => {
-            let losses = EvalLosses {
-                initial: peer.initial_eval_loss,
-                last: peer.last_eval_loss,
-                floor: peer.loss_floor,
-            };
+            let losses = peer.eval_losses();
             peer.report_progress();
             peer.progress
                 .done(&peer.counters, losses, "error", Some(format!("{e:#}")));
@@ -217,11 +213,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     }
     peer.write_checkpoint(&final_params)?;
     peer.report_progress();
-    let losses = EvalLosses {
-        initial: peer.initial_eval_loss,
-        last: peer.last_eval_loss,
-        floor: peer.loss_floor,
-    };
+    let losses = peer.eval_losses();
     let exit = match finish {
         Finish::Finished => "finished",
         Finish::Signal => "signal",

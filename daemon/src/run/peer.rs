@@ -16,7 +16,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::broadcast;
 
 use super::collective::RoundOutcome as CollectiveOutcome;
-use super::progress::{Counters, Progress};
+use super::progress::{Counters, EvalLosses, Progress};
 use super::settings::RunSettings;
 use super::state_sync::StateCell;
 use super::worker::Worker;
@@ -248,14 +248,13 @@ impl Peer {
         self.progress.progress(&self.counters);
     }
 
-    /// Publishes this peer's heartbeat now; a failure is logged, never fatal.
-    pub(crate) async fn heartbeat(&mut self, step: u64, samples_accumulated: u64) {
+    /// Says what the next heartbeat carries and sends it at once (the round-based modes
+    /// announce their samples after every step, so the swarm's sum is fresh).
+    pub(crate) fn announce(&mut self, step: u64, samples_accumulated: u64) {
         self.heartbeat_step = step;
         self.heartbeat_samples = samples_accumulated;
-        let body = self.heartbeat_body(step, samples_accumulated);
-        if let Err(e) = self.net.publish_heartbeat(&body).await {
-            tracing::debug!(error = %e, "heartbeat not published");
-        }
+        self.next_heartbeat = tokio::time::Instant::now();
+        self.maintain();
     }
 
     fn heartbeat_body(&self, step: u64, samples_accumulated: u64) -> HeartbeatBody {
@@ -304,6 +303,15 @@ impl Peer {
         }
         self.metrics.network.set_connected_peers(self.peers.len());
         returned
+    }
+
+    /// The eval losses a summary reports.
+    pub(crate) fn eval_losses(&self) -> EvalLosses {
+        EvalLosses {
+            initial: self.initial_eval_loss,
+            last: self.last_eval_loss,
+            floor: self.loss_floor,
+        }
     }
 
     /// The earliest time [`Peer::maintain`] has work.

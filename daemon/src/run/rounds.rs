@@ -104,7 +104,7 @@ async fn gradient_step(peer: &mut Peer, state: &mut Rounds) -> anyhow::Result<()
         *a += weight * g;
     }
     state.samples += samples;
-    peer.heartbeat(state.round, state.samples).await;
+    peer.announce(state.round, state.samples);
     peer.report_progress();
 
     let due = match peer.mode {
@@ -184,7 +184,7 @@ async fn local_sgd_step(peer: &mut Peer, state: &mut Rounds) -> anyhow::Result<(
         let step = peer.counters.step;
         peer.record_eval(step, loss);
     }
-    peer.heartbeat(state.round, state.samples).await;
+    peer.announce(state.round, state.samples);
     peer.report_progress();
     let h = peer.settings.local_sgd.local_steps.max(1);
     if !peer.counters.step.is_multiple_of(h) {
