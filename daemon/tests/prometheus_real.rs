@@ -12,6 +12,7 @@
 //! `prometheus` and `promtool` come from Debian's `prometheus` package, which
 //! `scripts/setup.sh` installs; without them these tests fail, saying so.
 
+mod run_support;
 #[path = "support/swarm.rs"]
 mod swarm;
 

@@ -160,6 +160,15 @@ pub(crate) struct PeerSettings {
     pub(crate) checkpoint_every_steps: u64,
     /// `[checkpoint] keep`.
     pub(crate) checkpoint_keep: usize,
+    /// `[averaging] mode`.
+    pub(crate) mode: String,
+    /// `[averaging] codec`; `None` leaves the default.
+    pub(crate) codec: Option<String>,
+    /// `[averaging] heartbeat_interval_ms`.
+    pub(crate) heartbeat_interval_ms: u64,
+    /// Serve `/metrics`, `/status` and `/healthz` on a free loopback port (its address is
+    /// in the `ready` line).
+    pub(crate) metrics: bool,
 }
 
 impl Default for PeerSettings {
@@ -173,6 +182,10 @@ impl Default for PeerSettings {
             share_timeout_ms: 2_000,
             checkpoint_every_steps: 0,
             checkpoint_keep: 3,
+            mode: "sgp".to_owned(),
+            codec: None,
+            heartbeat_interval_ms: 500,
+            metrics: false,
         }
     }
 }
@@ -280,14 +293,25 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
     }
     let _ = write!(
         t,
-        "\n[averaging]\nmode = \"sgp\"\nheartbeat_interval_ms = 500\n\n\
-         [averaging.sgp]\nshare_timeout_ms = {share_timeout}\n\n\
+        "\n[averaging]\nmode = {mode}\nheartbeat_interval_ms = {heartbeat}\n",
+        mode = quoted(&s.mode),
+        heartbeat = s.heartbeat_interval_ms,
+    );
+    if let Some(codec) = &s.codec {
+        let _ = writeln!(t, "codec = {}", quoted(codec));
+    }
+    let _ = write!(
+        t,
+        "\n[averaging.sgp]\nshare_timeout_ms = {share_timeout}\n\n\
          [checkpoint]\ndir = \"checkpoints\"\nevery_steps = {every}\nkeep = {keep}\n\n\
          [log]\nlevel = \"info\"\nformat = \"human\"\n",
         share_timeout = s.share_timeout_ms,
         every = s.checkpoint_every_steps,
         keep = s.checkpoint_keep,
     );
+    if s.metrics {
+        let _ = write!(t, "\n[metrics]\nlisten = \"127.0.0.1:0\"\n");
+    }
     t
 }
 
