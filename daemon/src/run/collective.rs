@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use murmur_gossip::butterfly::{
-    ButterflyRound, Group, Partition, PayloadRef, RoundInput, RoundOutput,
+    ButterflyRound, Group, Partition, PayloadRef, RoundBuffers, RoundInput, RoundOutput,
 };
 use murmur_gossip::net::NetEvent;
 use murmur_gossip::net::exchange::{Delivery, Parcel, SendReport};
@@ -63,6 +63,10 @@ pub(crate) trait RoundHost {
     }
     /// A parcel went out (`sent`) or came in, for the traffic metrics.
     fn record_parcel(&self, _sent: bool, _parcel: &Parcel) {}
+    /// Whether a round measures [`RoundOutcome::drift`], one more pass over the vector.
+    fn measures_drift(&self) -> bool {
+        true
+    }
 }
 
 impl RoundHost for Peer {
@@ -176,6 +180,9 @@ fn group_of(parcel: &Parcel) -> Option<u64> {
 pub(crate) struct RoundOutcome {
     /// The averaged vector (local values where the round could not average).
     pub(crate) values: Vec<f32>,
+    /// The round's memory once `values` was taken, for the next round; for the butterfly,
+    /// the contribution too, unchanged.
+    pub(crate) spare: RoundBuffers,
     /// Fraction of the vector averaged over every member still alive (senders the round
     /// had to drop are not counted against it).
     pub(crate) coverage: f64,
@@ -261,17 +268,19 @@ enum Machine {
     Ring(Box<RingAllReduce<PeerId>>),
 }
 
-/// Runs round `round` among `members` (this peer included), averaging `local` with
-/// weight `weight`; gives up at `bound` and keeps local values for what is missing.
+/// Runs round `round` among `members` (this peer included), averaging `local` (a vector,
+/// or [`RoundBuffers`] holding it with an earlier round's memory) with weight `weight`;
+/// gives up at `bound` and keeps local values for what is missing.
 pub(crate) async fn average<H: RoundHost>(
     peer: &mut H,
     early: &mut Early,
     kind: Collective,
     round: u64,
     mut members: Vec<PeerId>,
-    local: Vec<f32>,
+    local: impl Into<RoundBuffers>,
     weight: f32,
 ) -> anyhow::Result<RoundOutcome> {
+    let mut buffers = local.into();
     let started = Instant::now();
     members.sort_unstable();
     members.dedup();
@@ -289,14 +298,14 @@ pub(crate) async fn average<H: RoundHost>(
     let mut machine = match kind {
         Collective::Butterfly => {
             let align = codec.block().map_or(1, |b| b as usize);
-            let partition = Partition::equal(local.len(), group, align)
+            let partition = Partition::equal(buffers.local.len(), group, align)
                 .context("cannot split the vector into parts")?;
             let group = Group::new(round, round, members.clone(), partition)?;
             let config = peer.butterfly();
             Machine::Butterfly(Box::new(ButterflyRound::new(
                 peer.me(),
                 group,
-                local,
+                std::mem::take(&mut buffers),
                 weight,
                 codec,
                 config,
@@ -309,7 +318,7 @@ pub(crate) async fn average<H: RoundHost>(
                 peer.me(),
                 members.clone(),
                 round,
-                local,
+                std::mem::take(&mut buffers.local),
                 weight,
                 codec,
                 ring_deadline,
@@ -425,15 +434,20 @@ pub(crate) async fn average<H: RoundHost>(
     let end = finished.unwrap_or(Finished::whole(0.0));
     let (values, drift) = match machine {
         Machine::Butterfly(r) => {
-            let (local, result) = r.into_vectors();
-            let drift = relative_distance(&local, &result);
-            (result, drift)
+            buffers = r.into_buffers();
+            let drift = if peer.measures_drift() {
+                relative_distance(&buffers.local, &buffers.result)
+            } else {
+                None
+            };
+            (std::mem::take(&mut buffers.result), drift)
         }
         // The ring scales its input in place, so there is nothing to compare with.
         Machine::Ring(r) => (r.result().to_vec(), None),
     };
     Ok(RoundOutcome {
         values,
+        spare: buffers,
         coverage: end.coverage,
         coverage_all: end.coverage_all,
         stragglers_dropped: end.stragglers_dropped,

@@ -47,6 +47,7 @@
 //! Training at Scale", ICML 2022), so that a few peers sending garbage cannot drag the
 //! average far. It costs memory: the reducer keeps every contribution to its part.
 
+mod buffers;
 mod clip;
 mod config;
 mod error;
@@ -59,6 +60,7 @@ mod report;
 mod round;
 mod round_io;
 
+pub use buffers::RoundBuffers;
 pub use config::{ButterflyConfig, ClipConfig, MAX_GROUP};
 pub use error::ButterflyError;
 pub use group::Group;

@@ -7,9 +7,83 @@
 /// [`RoundInput::Sent`](super::RoundInput::Sent). A reference is good until then; after
 /// that, the buffer carries another chunk and the old reference reads nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PayloadRef {
-    slot: u32,
-    generation: u32,
+pub struct PayloadRef(Key);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    /// A buffer of a [`PayloadPool`], current while the slot's generation matches.
+    Pooled { slot: u32, generation: u32 },
+    /// The encoded average of a chunk of the part a member reduces ([`EncodedAverages`]).
+    Average { chunk: u32 },
+}
+
+impl PayloadRef {
+    /// The chunk of the member's own part whose encoded average this names, if it does.
+    pub(crate) fn average_chunk(self) -> Option<usize> {
+        match self.0 {
+            Key::Average { chunk } => Some(chunk as usize),
+            Key::Pooled { .. } => None,
+        }
+    }
+}
+
+/// The averages of the part a member reduces, each chunk encoded once, when the first
+/// member takes it, and sent to every other member from the same bytes: encoding, not
+/// the network, is what a lossy codec costs most per element.
+///
+/// They stay for the whole round (every chunk has its own place), so a reference to one
+/// never goes stale, and their memory passes from round to round in
+/// [`RoundBuffers`](super::RoundBuffers).
+#[derive(Debug, Default)]
+pub(crate) struct EncodedAverages {
+    bytes: Vec<u8>,
+    /// Bytes reserved per chunk: the codec's largest encoding of the largest chunk.
+    stride: usize,
+    /// Each chunk's encoded length, once encoded.
+    lens: Vec<Option<usize>>,
+}
+
+impl EncodedAverages {
+    /// Room for `chunks` encodings of up to `stride` bytes each, in `bytes` (memory from
+    /// an earlier round; its contents are overwritten).
+    pub(crate) fn new(mut bytes: Vec<u8>, chunks: usize, stride: usize) -> EncodedAverages {
+        bytes.resize(chunks * stride, 0);
+        EncodedAverages {
+            bytes,
+            stride,
+            lens: vec![None; chunks],
+        }
+    }
+
+    /// The reference to chunk `chunk`'s encoding, made with `encode` (which writes into the
+    /// buffer it is given and returns the length) if this is the first time it is asked
+    /// for. `chunk` must be below the count given to `new`.
+    pub(crate) fn get_or_encode(
+        &mut self,
+        chunk: usize,
+        encode: impl FnOnce(&mut [u8]) -> usize,
+    ) -> PayloadRef {
+        if self.lens[chunk].is_none() {
+            let start = chunk * self.stride;
+            let len = encode(&mut self.bytes[start..start + self.stride]);
+            self.lens[chunk] = Some(len.min(self.stride));
+        }
+        PayloadRef(Key::Average {
+            chunk: chunk as u32,
+        })
+    }
+
+    /// Chunk `chunk`'s encoding, if it was made.
+    pub(crate) fn get(&self, chunk: usize) -> Option<&[u8]> {
+        let len = (*self.lens.get(chunk)?)?;
+        let start = chunk * self.stride;
+        Some(&self.bytes[start..start + len])
+    }
+
+    /// The memory, for the next round.
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.bytes
+    }
 }
 
 #[derive(Debug)]
@@ -49,10 +123,10 @@ impl PayloadPool {
         if entry.bytes.len() < capacity {
             entry.bytes.resize(capacity, 0);
         }
-        let reference = PayloadRef {
+        let reference = PayloadRef(Key::Pooled {
             slot,
             generation: entry.generation,
-        };
+        });
         (reference, &mut entry.bytes[..capacity])
     }
 
@@ -65,18 +139,24 @@ impl PayloadPool {
 
     /// The payload, if the reference is still current.
     pub(crate) fn get(&self, reference: PayloadRef) -> Option<&[u8]> {
-        let slot = self.slots.get(reference.slot as usize)?;
-        (slot.busy && slot.generation == reference.generation).then(|| &slot.bytes[..slot.len])
+        let Key::Pooled { slot, generation } = reference.0 else {
+            return None;
+        };
+        let slot = self.slots.get(slot as usize)?;
+        (slot.busy && slot.generation == generation).then(|| &slot.bytes[..slot.len])
     }
 
     /// Frees the buffer; false if the reference was not current.
     pub(crate) fn release(&mut self, reference: PayloadRef) -> bool {
+        let Key::Pooled { slot: index, .. } = reference.0 else {
+            return false;
+        };
         let Some(slot) = self.slot_mut(reference) else {
             return false;
         };
         slot.busy = false;
         slot.generation = slot.generation.wrapping_add(1);
-        self.free.push(reference.slot);
+        self.free.push(index);
         true
     }
 
@@ -86,7 +166,10 @@ impl PayloadPool {
     }
 
     fn slot_mut(&mut self, reference: PayloadRef) -> Option<&mut Slot> {
-        let slot = self.slots.get_mut(reference.slot as usize)?;
-        (slot.busy && slot.generation == reference.generation).then_some(slot)
+        let Key::Pooled { slot, generation } = reference.0 else {
+            return None;
+        };
+        let slot = self.slots.get_mut(slot as usize)?;
+        (slot.busy && slot.generation == generation).then_some(slot)
     }
 }

@@ -52,11 +52,14 @@ pub(crate) struct Reduction {
 }
 
 impl Reduction {
+    /// A reduction of the part `layout` names among `members` senders, its sums kept in
+    /// `sum` (memory from an earlier round; its contents are overwritten).
     pub(crate) fn new(
         layout: ChunkLayout,
         members: usize,
         clip: Option<ClipConfig>,
         now: Time,
+        mut sum: Vec<f32>,
     ) -> Reduction {
         let chunks = layout.chunks();
         let words = members.div_ceil(64);
@@ -69,12 +72,14 @@ impl Reduction {
             scratch: ClipScratch::default(),
             rejected: 0,
         });
+        // No zeroing: `begin_with_local` writes every sum before anything is added to it.
+        if clip.is_some() {
+            sum.clear();
+        } else {
+            sum.resize(layout.len(), 0.0);
+        }
         Reduction {
-            sum: if clip.is_some() {
-                Vec::new()
-            } else {
-                vec![0.0; layout.len()]
-            },
+            sum,
             delivered: vec![0; chunks * words],
             contributors: vec![0; chunks],
             weights: vec![0.0; chunks],
@@ -109,12 +114,23 @@ impl Reduction {
         self.pending == 0
     }
 
+    /// Whether `chunk`'s average is written.
+    pub(crate) fn is_final(&self, chunk: usize) -> bool {
+        self.finalized[chunk]
+    }
+
     pub(crate) fn coverage(&self, chunk: usize) -> (u32, f32) {
         (self.contributors[chunk], self.weights[chunk] as f32)
     }
 
-    /// Adds this member's own copy of the part, exactly.
-    pub(crate) fn add_local(&mut self, me: usize, part: &[f32], weight: f32) {
+    /// The sums' memory, for the next round.
+    pub(crate) fn into_sum(self) -> Vec<f32> {
+        self.sum
+    }
+
+    /// Starts the reduction with this member's own copy of the part, exactly. Comes first:
+    /// it sets every sum rather than adding to it.
+    pub(crate) fn begin_with_local(&mut self, me: usize, part: &[f32], weight: f32) {
         for chunk in 0..self.layout.chunks() {
             let range = self.layout.local(chunk);
             match &mut self.clip {
@@ -125,7 +141,7 @@ impl Reduction {
                 }
                 None => {
                     for (s, x) in self.sum[range.clone()].iter_mut().zip(&part[range]) {
-                        *s += weight * x;
+                        *s = weight * x;
                     }
                 }
             }

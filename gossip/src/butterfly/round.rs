@@ -8,10 +8,11 @@ use murmur_protocol::message::ChunkAddress;
 
 use crate::{PeerKey, Time};
 
+use super::buffers::RoundBuffers;
 use super::config::ButterflyConfig;
 use super::error::ButterflyError;
 use super::group::{ChunkLayout, Group};
-use super::payload::{PayloadPool, PayloadRef};
+use super::payload::{EncodedAverages, PayloadPool, PayloadRef};
 use super::reducer::Reduction;
 use super::report::{ChunkCoverage, CoverageReport, PartCoverage, PartOutcome};
 use super::round_io::{RoundInput, RoundOutput, RoundStats};
@@ -68,6 +69,7 @@ pub struct ButterflyRound<P> {
     ready: Vec<u32>,
     destinations: Vec<Destination>,
     pool: PayloadPool,
+    averages: EncodedAverages,
     outputs: VecDeque<RoundOutput<P>>,
     finished: bool,
     dropped_senders: Vec<P>,
@@ -77,15 +79,24 @@ pub struct ButterflyRound<P> {
 impl<P: PeerKey> ButterflyRound<P> {
     /// Starts `me`'s round in `group` at `now`, contributing `local` with `weight` (the
     /// samples behind it), encoded with `codec`.
+    ///
+    /// `local` is the member's vector, or [`RoundBuffers`] holding it together with the
+    /// memory an earlier round gave back ([`ButterflyRound::into_buffers`]).
     pub fn new(
         me: P,
         group: Group<P>,
-        local: Vec<f32>,
+        local: impl Into<RoundBuffers>,
         weight: f32,
         codec: CodecSpec,
         config: &ButterflyConfig,
         now: Time,
     ) -> Result<ButterflyRound<P>, ButterflyError> {
+        let RoundBuffers {
+            local,
+            mut result,
+            sum,
+            averages,
+        } = local.into();
         config.validate()?;
         let index = group.index_of(me).ok_or(ButterflyError::InvalidGroup {
             reason: "this peer is not a member of the group",
@@ -99,7 +110,7 @@ impl<P: PeerKey> ButterflyRound<P> {
         if !(weight.is_finite() && weight >= 0.0) {
             return Err(ButterflyError::BadLocalWeight { weight });
         }
-        if let Some(index) = local.iter().position(|x| !x.is_finite()) {
+        if let Some(index) = first_non_finite(&local) {
             return Err(ButterflyError::NonFiniteLocal { index });
         }
         let chunk = config.chunk_elements as usize;
@@ -132,10 +143,24 @@ impl<P: PeerKey> ButterflyRound<P> {
             });
             first += chunks;
         }
-        let mut reduction =
-            Reduction::new(parts[index].layout.clone(), group.len(), config.clip, now);
-        let own = parts[index].layout.range.clone();
-        reduction.add_local(index, &local[own], weight);
+        let mut reduction = Reduction::new(
+            parts[index].layout.clone(),
+            group.len(),
+            config.clip,
+            now,
+            sum,
+        );
+        let own = &parts[index].layout;
+        reduction.begin_with_local(index, &local[own.range.clone()], weight);
+        let averages = EncodedAverages::new(
+            averages,
+            own.chunks(),
+            codec.max_encoded_len(own.local(0).len()),
+        );
+        // No copy of `local`: every element is written before the round finishes (an
+        // average, or local values where a part falls back), and a round given up early
+        // fills in local values where nothing arrived (`into_buffers`).
+        result.resize(local.len(), 0.0);
         let mut round = ButterflyRound {
             me: index,
             codec,
@@ -143,7 +168,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             chunk_timeout: config.chunk_timeout(),
             reducer_timeout: config.reducer_timeout(),
             weight,
-            result: local.clone(),
+            result,
             local,
             parts,
             received: vec![false; first],
@@ -152,6 +177,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             ready: Vec::new(),
             destinations: vec![Destination::default(); group.len()],
             pool: PayloadPool::default(),
+            averages,
             outputs: VecDeque::new(),
             finished: false,
             dropped_senders: Vec::new(),
@@ -174,7 +200,9 @@ impl<P: PeerKey> ButterflyRound<P> {
         self.codec.spec()
     }
 
-    /// The result so far; complete once [`RoundOutput::Finished`] was emitted.
+    /// The result, complete once [`RoundOutput::Finished`] was emitted. Before that, only
+    /// the averages received so far are meaningful; [`ButterflyRound::into_buffers`] gives
+    /// a round not finished back with local values everywhere else.
     pub fn result(&self) -> &[f32] {
         &self.result
     }
@@ -196,7 +224,22 @@ impl<P: PeerKey> ButterflyRound<P> {
 
     /// The local vector and the result, to reuse their memory for the next round.
     pub fn into_vectors(self) -> (Vec<f32>, Vec<f32>) {
-        (self.local, self.result)
+        let buffers = self.into_buffers();
+        (buffers.local, buffers.result)
+    }
+
+    /// The round's memory, for the next round: the local vector unchanged, and the result.
+    /// A round given up before it finished keeps local values wherever no average arrived.
+    pub fn into_buffers(mut self) -> RoundBuffers {
+        if !self.finished {
+            self.keep_local_where_missing();
+        }
+        RoundBuffers {
+            local: self.local,
+            result: self.result,
+            sum: self.reduction.into_sum(),
+            averages: self.averages.into_bytes(),
+        }
     }
 
     /// Round counters.
@@ -210,7 +253,10 @@ impl<P: PeerKey> ButterflyRound<P> {
 
     /// The bytes of a payload named by a send output, until it is reported sent.
     pub fn payload(&self, payload: PayloadRef) -> Option<&[u8]> {
-        self.pool.get(payload)
+        match payload.average_chunk() {
+            Some(chunk) => self.averages.get(chunk),
+            None => self.pool.get(payload),
+        }
     }
 
     /// The next output, if any.
@@ -262,9 +308,12 @@ impl<P: PeerKey> ButterflyRound<P> {
                 payload,
             )?,
             RoundInput::Sent { to, payload } => {
-                if self.pool.release(payload)
-                    && let Some(d) = self.group.index_of(to)
-                {
+                // An average stays for the whole round, shared by every destination.
+                let current = match payload.average_chunk() {
+                    Some(chunk) => self.averages.get(chunk).is_some(),
+                    None => self.pool.release(payload),
+                };
+                if current && let Some(d) = self.group.index_of(to) {
                     let dest = &mut self.destinations[d];
                     dest.in_flight = dest.in_flight.saturating_sub(1);
                 }
@@ -457,6 +506,27 @@ impl<P: PeerKey> ButterflyRound<P> {
         self.result[range.clone()].copy_from_slice(&self.local[range]);
     }
 
+    /// Copies local values into every chunk of a pending part that holds no average yet:
+    /// the result is written only as averages come, so those chunks hold stale values.
+    fn keep_local_where_missing(&mut self) {
+        for (j, part) in self.parts.iter().enumerate() {
+            if part.state != PartState::Pending {
+                continue;
+            }
+            for chunk in 0..part.layout.chunks() {
+                let arrived = if j == self.me {
+                    self.reduction.is_final(chunk)
+                } else {
+                    self.received[part.first + chunk]
+                };
+                if !arrived {
+                    let range = part.layout.global(chunk);
+                    self.result[range.clone()].copy_from_slice(&self.local[range]);
+                }
+            }
+        }
+    }
+
     /// Whether destination `d` still has chunks to be sent.
     fn has_work(&self, d: usize) -> bool {
         let dest = &self.destinations[d];
@@ -502,7 +572,11 @@ impl<P: PeerKey> ButterflyRound<P> {
         let range = layout.global(chunk);
         let address = address(self.group.group_id, self.me, chunk, layout);
         let (contributors, total_weight) = self.reduction.coverage(chunk);
-        let payload = encode(&mut self.codec, &mut self.pool, &self.result[range]);
+        let (codec, values) = (&mut self.codec, &self.result[range]);
+        // See `encode` for why a failed encoding goes out empty.
+        let payload = self
+            .averages
+            .get_or_encode(chunk, |buffer| codec.encode(values, buffer).unwrap_or(0));
         self.stats.averaged_chunks_sent += 1;
         self.outputs.push_back(RoundOutput::SendAveragedChunk {
             to: self.group.members()[d],
@@ -606,6 +680,19 @@ fn encode(codec: &mut Codec, pool: &mut PayloadPool, values: &[f32]) -> PayloadR
     let len = codec.encode(values, buffer).unwrap_or(0);
     pool.set_len(reference, len);
     reference
+}
+
+/// Index of the first non-finite element, if any. The check over the whole vector is
+/// branch-free so that it vectorizes; the position is looked for only when it fails.
+fn first_non_finite(values: &[f32]) -> Option<usize> {
+    let all_finite = values
+        .chunks(1024)
+        .all(|chunk| chunk.iter().fold(true, |ok, x| ok & x.is_finite()));
+    if all_finite {
+        None
+    } else {
+        values.iter().position(|x| !x.is_finite())
+    }
 }
 
 fn bad(address: ChunkAddress, reason: &'static str) -> ButterflyError {

@@ -1,0 +1,219 @@
+//! The vector-sized memory of a butterfly round, handed from one round to the next.
+
+/// The memory a [`ButterflyRound`](super::ButterflyRound) works in: the member's
+/// contribution, the vector the result is written into, and the reducer's running sums
+/// and encoded averages.
+///
+/// A round takes it in [`ButterflyRound::new`](super::ButterflyRound::new) and gives it
+/// back with [`ButterflyRound::into_buffers`](super::ButterflyRound::into_buffers), so that
+/// a member averaging round after round allocates nothing of the vector's size after the
+/// first round, and touches no fresh pages while other members still wait on it. A plain
+/// `Vec<f32>` converts into buffers that hold it as the contribution and nothing else.
+#[derive(Debug, Default)]
+pub struct RoundBuffers {
+    /// The member's contribution. A round reads it and never changes it, so a member whose
+    /// vector stays the same can hand it to the next round as it comes back.
+    pub local: Vec<f32>,
+    /// Where the round writes its result: once given back, the averaged vector, with local
+    /// values wherever the round could not average. A round overwrites whatever it holds.
+    pub result: Vec<f32>,
+    /// The reducer's weighted sums of the part this member reduces.
+    pub(crate) sum: Vec<f32>,
+    /// The encoded averages of that part.
+    pub(crate) averages: Vec<u8>,
+}
+
+impl From<Vec<f32>> for RoundBuffers {
+    fn from(local: Vec<f32>) -> RoundBuffers {
+        RoundBuffers {
+            local,
+            ..RoundBuffers::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use murmur_protocol::codec::CodecSpec;
+
+    use super::RoundBuffers;
+    use crate::Time;
+    use crate::butterfly::{
+        ButterflyConfig, ButterflyRound, Group, Partition, RoundInput, RoundOutput,
+    };
+
+    const LEN: usize = 1000;
+    const CODEC: CodecSpec = CodecSpec::Int8 { block: 64 };
+
+    fn config() -> ButterflyConfig {
+        ButterflyConfig {
+            chunk_elements: 128,
+            chunks_in_flight: 2,
+            ..ButterflyConfig::default()
+        }
+    }
+
+    fn local(member: usize, round: usize) -> Vec<f32> {
+        (0..LEN)
+            .map(|e| ((member * 7 + round * 3 + e) as f32 * 0.013).sin() * (member + 1) as f32)
+            .collect()
+    }
+
+    fn start(n: usize, buffers: Vec<RoundBuffers>) -> Vec<ButterflyRound<u32>> {
+        let partition = Partition::equal(LEN, n, 64).expect("valid partition");
+        let group = Group::new(1, 7, (0..n as u32).collect(), partition).expect("valid group");
+        buffers
+            .into_iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let round = ButterflyRound::new(
+                    i as u32,
+                    group.clone(),
+                    b,
+                    (i + 1) as f32,
+                    CODEC,
+                    &config(),
+                    Time::ZERO,
+                );
+                round.expect("valid round")
+            })
+            .collect()
+    }
+
+    /// Delivers outputs until nothing moves, dropping those `deliver(from, to, averaged)`
+    /// refuses.
+    fn exchange(rounds: &mut [ButterflyRound<u32>], deliver: impl Fn(usize, usize, bool) -> bool) {
+        // Every chunk moves once; the bound only stops a runaway loop.
+        for _ in 0..10_000 {
+            let mut wires = Vec::new();
+            for (from, round) in rounds.iter_mut().enumerate() {
+                while let Some(output) = round.poll_output() {
+                    let (to, address, weight, contributors, payload, averaged) = match output {
+                        RoundOutput::SendPartChunk {
+                            to,
+                            address,
+                            weight,
+                            payload,
+                        } => (to, address, weight, 0, payload, false),
+                        RoundOutput::SendAveragedChunk {
+                            to,
+                            address,
+                            contributors,
+                            total_weight,
+                            payload,
+                        } => (to, address, total_weight, contributors, payload, true),
+                        RoundOutput::Finished(_) => continue,
+                    };
+                    let bytes = round.payload(payload).expect("current payload").to_vec();
+                    round
+                        .handle(Time::ZERO, RoundInput::Sent { to, payload })
+                        .expect("ack");
+                    if deliver(from, to as usize, averaged) {
+                        wires.push((
+                            from as u32,
+                            to as usize,
+                            address,
+                            weight,
+                            contributors,
+                            bytes,
+                            averaged,
+                        ));
+                    }
+                }
+            }
+            if wires.is_empty() {
+                return;
+            }
+            for (from, to, address, weight, contributors, payload, averaged) in wires {
+                let input = if averaged {
+                    RoundInput::AveragedChunk {
+                        from,
+                        address,
+                        contributors,
+                        total_weight: weight,
+                        codec: CODEC,
+                        payload: &payload,
+                    }
+                } else {
+                    RoundInput::PartChunk {
+                        from,
+                        address,
+                        weight,
+                        codec: CODEC,
+                        payload: &payload,
+                    }
+                };
+                rounds[to].handle(Time::ZERO, input).expect("well-formed");
+            }
+        }
+        panic!("the exchange did not settle");
+    }
+
+    /// A second round on the buffers the first gave back (its result and sums still in
+    /// them) ends with the same bits as a round on fresh memory.
+    #[test]
+    fn reused_buffers_give_the_same_bits_as_fresh_ones() {
+        let n = 3;
+        let mut first = start(n, (0..n).map(|m| local(m, 0).into()).collect());
+        exchange(&mut first, |_, _, _| true);
+        let reused: Vec<RoundBuffers> = first
+            .into_iter()
+            .enumerate()
+            .map(|(m, round)| {
+                assert!(round.is_finished(), "member {m}");
+                let mut buffers = round.into_buffers();
+                assert_eq!(buffers.local, local(m, 0), "the contribution is unchanged");
+                buffers.local.copy_from_slice(&local(m, 1));
+                buffers
+            })
+            .collect();
+        let mut again = start(n, reused);
+        let mut fresh = start(n, (0..n).map(|m| local(m, 1).into()).collect());
+        exchange(&mut again, |_, _, _| true);
+        exchange(&mut fresh, |_, _, _| true);
+        for (m, (a, f)) in again.iter().zip(&fresh).enumerate() {
+            assert!(a.is_finished() && f.is_finished(), "member {m}");
+            let same = a
+                .result()
+                .iter()
+                .zip(f.result())
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "member {m}: reused buffers changed the result");
+        }
+    }
+
+    /// A round given up before it finished gives back local values wherever no average
+    /// arrived, whatever its buffers held before, and the averages that did arrive.
+    #[test]
+    fn a_round_given_up_keeps_local_values_where_nothing_arrived() {
+        let stale = || RoundBuffers {
+            local: Vec::new(),
+            result: vec![1e6; LEN],
+            sum: vec![1e6; LEN],
+            averages: vec![0xff; LEN],
+        };
+        let buffers = (0..2)
+            .map(|m| RoundBuffers {
+                local: local(m, 0),
+                ..stale()
+            })
+            .collect();
+        let mut rounds = start(2, buffers);
+        // Member 1's contributions never reach member 0, its averages do: member 0's own
+        // part waits on member 1, the other part is averaged.
+        exchange(&mut rounds, |from, to, averaged| {
+            !(from == 1 && to == 0 && !averaged)
+        });
+        let member0 = rounds.swap_remove(0);
+        assert!(!member0.is_finished());
+        let own = member0.group().partition().range(0);
+        let other = member0.group().partition().range(1);
+        let result = member0.into_buffers().result;
+        assert_eq!(&result[own.clone()], &local(0, 0)[own]);
+        for e in other {
+            let mean = (f64::from(local(0, 0)[e]) + 2.0 * f64::from(local(1, 0)[e])) / 3.0;
+            let bound = 2.0 / 127.0;
+            assert!((f64::from(result[e]) - mean).abs() < bound, "element {e}");
+        }
+    }
+}
