@@ -222,3 +222,87 @@ async fn a_validly_signed_heartbeat_from_a_peer_without_an_invite_is_rejected() 
     driver.abort();
     good.shutdown().await.expect("shutdown");
 }
+
+/// Publishes heartbeats from `from` until `to` hears one signed by `from` (bounded).
+async fn heartbeat_arrives(
+    from: &murmur_gossip::net::NetHandle,
+    to: &murmur_gossip::net::NetHandle,
+    within: Duration,
+) -> bool {
+    let mut events = to.subscribe();
+    let expected = from.local_peer_id();
+    tokio::time::timeout(within, async {
+        let mut step = 0;
+        loop {
+            step += 1;
+            // Fails while no subscriber is known; the next attempt may succeed.
+            let _ = from.publish_heartbeat(&body(step)).await;
+            let heard = tokio::time::timeout(Duration::from_millis(200), async {
+                loop {
+                    match events.recv().await {
+                        Ok(NetEvent::Heartbeat { peer, .. }) if peer == expected => return true,
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(tokio::sync::broadcast::error::RecvError::Closed) => return false,
+                    }
+                }
+            })
+            .await;
+            if heard == Ok(true) {
+                return;
+            }
+        }
+    })
+    .await
+    .is_ok()
+}
+
+/// A peer that crashed (no close sent: its connection stays open at the other side until
+/// the idle timeout) and restarted under the same key: once the survivor has closed the
+/// stale connection, as the daemon does with a peer whose heartbeats stopped, the two hear
+/// each other's heartbeats again on the fresh connection.
+#[test]
+fn a_peer_restarted_under_its_key_is_heard_again_once_the_stale_connection_is_closed() {
+    let authority = Authority::new();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (a, _a_in) = main.block_on(authority.spawn(1, InviteKind::Valid));
+
+    // The first life of peer 2 runs on a runtime of its own, dropped without a goodbye.
+    let crashed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (b, b_in) = crashed.block_on(authority.spawn(2, InviteKind::Valid));
+    crashed.block_on(connect(&b, &a));
+    assert!(
+        main.block_on(heartbeat_arrives(&b, &a, Duration::from_secs(10))),
+        "the first life's heartbeat arrives"
+    );
+    let b_id = b.local_peer_id();
+    drop((b, b_in));
+    crashed.shutdown_background();
+
+    main.block_on(async {
+        a.disconnect(&b_id)
+            .await
+            .expect("the stale connection is closed");
+        let (b2, _b2_in) = authority.spawn(2, InviteKind::Valid).await;
+        assert_eq!(b2.local_peer_id(), b_id, "the same key, the same peer");
+        connect(&b2, &a).await;
+        assert!(
+            heartbeat_arrives(&b2, &a, Duration::from_secs(8)).await,
+            "the survivor hears the restarted peer"
+        );
+        assert!(
+            heartbeat_arrives(&a, &b2, Duration::from_secs(8)).await,
+            "the restarted peer hears the survivor"
+        );
+        for h in [a, b2] {
+            h.shutdown().await.expect("shutdown");
+        }
+    });
+}

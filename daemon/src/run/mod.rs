@@ -47,6 +47,8 @@ pub(crate) enum Finish {
 
 /// How long a peer with bootstrap addresses waits for its first peer before training alone.
 const FIRST_PEER_WAIT: Duration = Duration::from_secs(10);
+/// How often a peer meeting the swarm checks whether to dial its bootstrap addresses again.
+const MEET_TICK: Duration = Duration::from_secs(1);
 
 /// Runs one peer to the end. Call from `main` before any other thread starts.
 pub(crate) fn run(settings: RunSettings) -> anyhow::Result<()> {
@@ -94,7 +96,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let layout = task.model.layout().clone();
     let len = params.len();
     let optimizer = SharedOptimizer::default();
-    let worker = Worker::spawn(task, len, settings.slowdown, Arc::clone(&optimizer))?;
+    let worker = Worker::spawn(task, len, settings.pace(), Arc::clone(&optimizer))?;
 
     let listen: Vec<String> = net
         .listen_addrs()
@@ -158,6 +160,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         last_heard: HashMap::new(),
         next_heartbeat: tokio::time::Instant::now(),
         next_liveness: tokio::time::Instant::now(),
+        redial: peer::Redial::default(),
         heartbeat_step: 0,
         heartbeat_samples: 0,
         metrics,
@@ -245,7 +248,12 @@ async fn meet_the_swarm(peer: &mut Peer) {
     let mut heard_until: Option<tokio::time::Instant> = None;
     loop {
         let deadline = heard_until.unwrap_or(until).min(until);
-        match tokio::time::timeout_at(deadline, peer.events.recv()).await {
+        let wake = deadline.min(tokio::time::Instant::now() + MEET_TICK);
+        match tokio::time::timeout_at(wake, peer.events.recv()).await {
+            // A bootstrap dial that failed (the peer was busy or unreachable) is retried.
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                peer.redial_when_short(Instant::now());
+            }
             Err(_) => break,
             Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
             Ok(Err(_)) => {}

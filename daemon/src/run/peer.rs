@@ -101,6 +101,8 @@ pub(crate) struct Peer {
     /// When the next heartbeat goes out and silent peers are next looked for.
     pub(crate) next_heartbeat: tokio::time::Instant,
     pub(crate) next_liveness: tokio::time::Instant,
+    /// When the bootstrap addresses are next dialed again, while too few peers are known.
+    pub(crate) redial: Redial,
     /// What the next heartbeat says: the mode's step and samples gathered.
     pub(crate) heartbeat_step: u64,
     pub(crate) heartbeat_samples: u64,
@@ -152,8 +154,8 @@ impl Peer {
         self.progress.eval(step, loss);
     }
 
-    /// Notes a finished averaging round in the metrics and `/status`.
-    pub(crate) fn record_round(&self, outcome: &CollectiveOutcome) {
+    /// Notes a finished averaging round in the metrics, `/status` and the progress counters.
+    pub(crate) fn record_round(&mut self, outcome: &CollectiveOutcome) {
         let summary = RoundSummary {
             mode: self.mode,
             outcome: match outcome.outcome() {
@@ -172,6 +174,7 @@ impl Peer {
         self.board.record_round(&summary);
         if let Some(drift) = outcome.drift {
             self.metrics.averaging.set_consensus_drift(drift);
+            self.counters.drift = Some(drift);
         }
     }
 
@@ -351,12 +354,54 @@ impl Peer {
                 self.last_heard.remove(peer);
                 self.peers.remove(peer);
                 self.board.forget_peer(peer);
+                // If it crashed and comes back, it must find a fresh connection (see
+                // `NetHandle::disconnect`); if it is alive, it reconnects and is taken back.
+                let net = self.net.clone();
+                let gone = *peer;
+                tokio::spawn(async move {
+                    if let Err(e) = net.disconnect(&gone).await {
+                        tracing::debug!(peer = %gone, error = %e, "silent peer not disconnected");
+                    }
+                });
             }
             if !silent.is_empty() {
                 self.metrics.network.set_connected_peers(self.peers.len());
             }
+            self.redial_when_short(std::time::Instant::now());
         }
         silent
+    }
+
+    /// Dials the bootstrap addresses again while fewer peers are known than the swarm is
+    /// expected to have (`training.min_peers`, at least one). A dial that failed at start
+    /// (the bootstrap peer was busy or unreachable) is otherwise never retried, and after a
+    /// network partition heals the two sides would never meet again: connections across it
+    /// timed out, and nothing else dials across.
+    pub(crate) fn redial_when_short(&mut self, now: Instant) {
+        let bootstrap = &self.settings.net.bootstrap;
+        let expected = self.settings.min_peers.max(1);
+        if bootstrap.is_empty() || !self.redial.due(now, self.peers.len(), expected) {
+            return;
+        }
+        tracing::debug!(
+            known = self.peers.len(),
+            expected,
+            "fewer peers than expected: dialing the bootstrap addresses again"
+        );
+        let net = self.net.clone();
+        let addresses = bootstrap.clone();
+        tokio::spawn(async move {
+            for text in addresses {
+                // Checked when the config was loaded; a connected peer is not dialed again.
+                let result = match text.parse() {
+                    Ok(address) => net.dial(address).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("{e}")),
+                };
+                if let Err(e) = result {
+                    tracing::debug!(address = %text, error = %e, "bootstrap address not dialed");
+                }
+            }
+        });
     }
 
     /// The highest step any peer's heartbeat reported.
@@ -464,6 +509,31 @@ impl Peer {
     }
 }
 
+/// How often the bootstrap addresses are dialed again while too few peers are known.
+const REDIAL_EVERY: Duration = Duration::from_secs(5);
+
+/// When a peer that knows too few peers dials its bootstrap addresses again: at once when it
+/// falls short, then every [`REDIAL_EVERY`] while it stays short.
+#[derive(Debug, Default)]
+pub(crate) struct Redial {
+    next: Option<Instant>,
+}
+
+impl Redial {
+    /// Whether to dial now, knowing `known` peers of `expected`.
+    pub(crate) fn due(&mut self, now: Instant, known: usize, expected: usize) -> bool {
+        if known >= expected {
+            self.next = None;
+            return false;
+        }
+        if self.next.is_some_and(|next| now < next) {
+            return false;
+        }
+        self.next = Some(now + REDIAL_EVERY);
+        true
+    }
+}
+
 /// Snapshot tensor holding the optimizer's step count.
 const STEPS_TENSOR: &str = "optimizer.steps_taken";
 /// Prefix of the snapshot tensors holding optimizer slots.
@@ -497,4 +567,29 @@ pub(crate) fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_peer_redials_at_once_then_at_most_every_interval() {
+        let mut redial = Redial::default();
+        let start = Instant::now();
+        assert!(!redial.due(start, 3, 3), "enough peers: no dial");
+        assert!(redial.due(start, 2, 3), "short: dial at once");
+        assert!(
+            !redial.due(start + REDIAL_EVERY / 2, 2, 3),
+            "not again so soon"
+        );
+        assert!(
+            redial.due(start + REDIAL_EVERY, 0, 3),
+            "still short an interval later"
+        );
+        // Back to enough peers, then short again (a partition): dial at once.
+        let later = start + REDIAL_EVERY + Duration::from_secs(1);
+        assert!(!redial.due(later, 3, 3));
+        assert!(redial.due(later, 1, 3));
+    }
 }

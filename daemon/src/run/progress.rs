@@ -6,6 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+use super::collective::RoundOutcome;
+use super::peer::unix_ms;
+
 /// Progress lines come at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
 
@@ -21,6 +24,13 @@ pub(crate) struct Counters {
     pub(crate) raw_bytes: u64,
     pub(crate) peers: usize,
     pub(crate) rounds: u64,
+    /// SGP: shares received from other peers and folded in (0 in the round-based modes,
+    /// whose `round` lines say when they averaged).
+    pub(crate) shares_received: u64,
+    /// The last consensus drift measured: the relative L2 distance between this peer's
+    /// parameters and the average it was compared with (a round's result, or an SGP
+    /// neighbour's exact share).
+    pub(crate) drift: Option<f64>,
 }
 
 /// The eval losses a summary reports.
@@ -63,6 +73,7 @@ impl Progress {
         if let Some(object) = line.as_object_mut() {
             object.insert("peer".into(), Value::String(self.peer.clone()));
             object.insert("wall_s".into(), json!(self.wall_s()));
+            object.insert("unix_ms".into(), json!(unix_ms()));
         }
         let mut out = std::io::stdout().lock();
         // A closed stdout (the parent went away) must not stop training.
@@ -105,7 +116,10 @@ impl Progress {
             "bytes_received": c.bytes_received,
             "peers": c.peers,
             "rounds": c.rounds,
+            "shares_received": c.shares_received,
             "mode": self.mode,
+            "drift": c.drift,
+            "rss_bytes": resident_bytes(),
         }));
     }
 
@@ -113,14 +127,16 @@ impl Progress {
         self.emit(json!({"event": "eval", "step": step, "eval_loss": eval_loss}));
     }
 
-    pub(crate) fn round(&self, outcome: &str, duration: Duration, coverage: f64, group: usize) {
+    pub(crate) fn round(&self, round: &RoundOutcome) {
         self.emit(json!({
             "event": "round",
             "mode": self.mode,
-            "outcome": outcome,
-            "duration_s": duration.as_secs_f64(),
-            "coverage": coverage,
-            "group": group,
+            "outcome": round.outcome(),
+            "duration_s": round.duration.as_secs_f64(),
+            "coverage": round.coverage,
+            "coverage_all": round.coverage_all,
+            "group": round.group,
+            "drift": round.drift,
         }));
     }
 
@@ -138,5 +154,40 @@ impl Progress {
             "exit": exit,
             "error": error,
         }));
+    }
+}
+
+/// This process's resident memory, from `/proc/self/status`; `None` where there is no such
+/// file (not Linux) or it cannot be read.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    resident_bytes_in(&status)
+}
+
+/// The `VmRSS:` line of a `/proc/PID/status` text, in bytes.
+fn resident_bytes_in(status: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
+    let kib = line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resident_memory_is_read_from_the_status_text() {
+        let status = "Name:\tmurmur\nVmPeak:\t  9000 kB\nVmRSS:\t   5120 kB\nThreads:\t4\n";
+        assert_eq!(resident_bytes_in(status), Some(5120 * 1024));
+        assert_eq!(resident_bytes_in("Name:\tx\n"), None);
+        assert_eq!(resident_bytes_in("VmRSS:\t12 pages\n"), None);
+        assert_eq!(resident_bytes_in("VmRSS:\t-3 kB\n"), None);
+    }
+
+    #[test]
+    fn this_process_has_resident_memory() {
+        // Linux only, like the daemon: a running process holds at least a page.
+        let rss = resident_bytes().expect("/proc/self/status has VmRSS");
+        assert!(rss >= 4096, "{rss}");
     }
 }

@@ -221,6 +221,19 @@ async fn round(
     local: Vec<f32>,
     weight: f32,
 ) -> anyhow::Result<RoundOutcome> {
+    // Peers cut off from the rest (a network partition) go on counting rounds on their own
+    // and may come back behind the others' number. Chunks of a round nobody else runs only
+    // time out, round after round, so a peer behind catches up with the highest round its
+    // peers' heartbeats announce (which, a round being a barrier, they reached without it).
+    let swarm_round = peer.swarm_step();
+    if swarm_round > state.round {
+        tracing::info!(
+            from = state.round,
+            to = swarm_round,
+            "behind the swarm's round number: catching up"
+        );
+        state.round = swarm_round;
+    }
     let mut members: Vec<_> = peer.peers.keys().copied().collect();
     members.push(peer.me);
     let outcome = collective::average(
@@ -236,12 +249,7 @@ async fn round(
     state.stop |= outcome.stop_requested;
     peer.counters.rounds += 1;
     peer.record_round(&outcome);
-    peer.progress.round(
-        outcome.outcome(),
-        outcome.duration,
-        outcome.coverage,
-        outcome.group,
-    );
+    peer.progress.round(&outcome);
     Ok(outcome)
 }
 

@@ -93,6 +93,7 @@ pub(crate) async fn run(
                     machine.handle(now, SgpInput::PeerCrashed(silent))?;
                 }
                 peer.counters.rounds = machine.stats().shares_sent;
+                peer.counters.shares_received = machine.stats().shares_received;
                 peer.metrics.averaging.set_push_sum_weight(machine.state().weight());
                 peer.report_progress();
                 // A resume through the status API starts the step the pause held back.
@@ -347,7 +348,7 @@ impl SgpLoop {
             Err(e) => {
                 tracing::debug!(peer = %to, error = %e, "share not delivered; taking it back");
                 let header = ShareHeader::from_wire(&share, tag);
-                machine.handle(
+                let taken_back = machine.handle(
                     now,
                     SgpInput::ShareReturned {
                         to,
@@ -357,7 +358,13 @@ impl SgpLoop {
                         // its last connection closes (PeerDisconnected).
                         receiver_gone: !peer.peers.contains_key(&to),
                     },
-                )?;
+                );
+                // A quantized share whose edge was forgotten meanwhile (its receiver was
+                // given up as crashed) cannot be taken back: its mass is lost, as the mass
+                // in flight to any crashed peer is, and training goes on.
+                if let Err(e) = taken_back {
+                    tracing::warn!(peer = %to, error = %e, "a returned share's mass is lost");
+                }
             }
         }
         machine.recycle(payload);
@@ -416,10 +423,10 @@ impl SgpLoop {
     }
 }
 
-/// Sets the consensus-drift gauge from an exact (`f32`) share: the relative distance
-/// between this peer's `z = x / w` and its sender's, `share / weight`. Quantized shares
-/// carry a deviation from a reference instead, and are not used.
-fn drift_against(peer: &Peer, machine: &SgpPeer<PeerId>, payload: &[u8], weight: f64) {
+/// Sets the consensus-drift gauge and progress counter from an exact (`f32`) share: the
+/// relative distance between this peer's `z = x / w` and its sender's, `share / weight`.
+/// Quantized shares carry a deviation from a reference instead, and are not used.
+fn drift_against(peer: &mut Peer, machine: &SgpPeer<PeerId>, payload: &[u8], weight: f64) {
     let state = machine.state();
     if state.weight() <= 0.0 || payload.len() != state.numerator().len() * 4 {
         return;
@@ -433,8 +440,8 @@ fn drift_against(peer: &Peer, machine: &SgpPeer<PeerId>, payload: &[u8], weight:
         norm += other * other;
     }
     if norm > 0.0 {
-        peer.metrics
-            .averaging
-            .set_consensus_drift((diff / norm).sqrt());
+        let drift = (diff / norm).sqrt();
+        peer.metrics.averaging.set_consensus_drift(drift);
+        peer.counters.drift = Some(drift);
     }
 }

@@ -197,6 +197,11 @@ impl NetActor {
                 });
                 let _ = reply.send(result);
             }
+            Command::Disconnect(peer, reply) => {
+                // Not connected is fine: there is nothing to close.
+                let _ = self.swarm.disconnect_peer_id(peer);
+                let _ = reply.send(());
+            }
             Command::Publish(envelope, reply) => {
                 let result = self
                     .swarm

@@ -30,6 +30,7 @@ pub(crate) enum Command {
     Peers(oneshot::Sender<Vec<PeerId>>),
     KnownPeers(oneshot::Sender<Vec<PeerId>>),
     Dial(Multiaddr, oneshot::Sender<Result<(), NetError>>),
+    Disconnect(libp2p::PeerId, oneshot::Sender<()>),
     Publish(Vec<u8>, oneshot::Sender<Result<(), NetError>>),
     WaitReady(libp2p::PeerId, oneshot::Sender<Result<(), NetError>>),
     SendControl(
@@ -128,6 +129,15 @@ impl NetHandle {
     /// Dials `addr` (a peer found out of band).
     pub async fn dial(&self, addr: Multiaddr) -> Result<(), NetError> {
         self.ask(|reply| Command::Dial(addr, reply)).await?
+    }
+
+    /// Closes every connection to `peer`. A peer that crashed and came back under the same
+    /// id must meet this one on a fresh connection: gossipsub announces its subscriptions
+    /// only on a peer's first connection, so a stale one left open (until the QUIC idle
+    /// timeout) would leave the two deaf to each other's heartbeats.
+    pub async fn disconnect(&self, peer: &PeerId) -> Result<(), NetError> {
+        let remote = to_libp2p(peer);
+        self.ask(|reply| Command::Disconnect(remote, reply)).await
     }
 
     /// Signs `body` and gossips it to the swarm.
