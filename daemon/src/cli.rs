@@ -276,6 +276,20 @@ pub(crate) struct AllreduceArgs {
     /// The round during which `--kill-peer` is killed (at least 1).
     #[arg(long, default_value_t = 1)]
     pub(crate) kill_at_round: u64,
+    /// Where each peer runs: a TOML file of `[[peer]]` tables, each with a `launch` command
+    /// prefix (such as `ip netns exec NAME`) and the `listen_ip` it listens on. Default:
+    /// children of this process on loopback.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) hosts: Option<std::path::PathBuf>,
+    /// The butterfly's sender timeout in milliseconds (`averaging.butterfly.chunk_timeout_ms`;
+    /// default 10000). A round gives up after the reducer timeout plus twice this, so a large
+    /// vector on slow links needs more.
+    #[arg(long)]
+    pub(crate) chunk_timeout_ms: Option<u64>,
+    /// The butterfly's reducer timeout in milliseconds
+    /// (`averaging.butterfly.reducer_timeout_ms`; default 15000), more than the sender's.
+    #[arg(long)]
+    pub(crate) reducer_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Args)]

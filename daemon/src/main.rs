@@ -7,6 +7,7 @@ mod bench;
 mod checkpoint;
 mod cli;
 mod config;
+mod hosts;
 mod input_error;
 mod local;
 mod observe;

@@ -46,6 +46,7 @@ fn settings(c: LoadedConfig, progress: bool) -> RunSettings {
         eval_every: c.training.eval_every_steps,
         export: c.training.export,
         slowdown: c.training.slowdown,
+        synthetic_step: c.training.synthetic_step,
         min_peers: c.training.min_peers,
         start_timeout: c.training.start_timeout,
         checkpoint_dir: c.checkpoint.dir,

@@ -1,25 +1,39 @@
-//! `murmur bench allreduce`: N peer processes on loopback average a vector round after
-//! round with butterfly, ring or SGP; reported per round: time, bytes sent per peer, the
-//! relative error against the exact weighted mean, and the efficiency ratio — aggregate
-//! encoded bytes moved per second over one libp2p tensor stream's throughput, measured
-//! first in the same run.
+//! `murmur bench allreduce`: N peer processes average a vector round after round with
+//! butterfly, ring or SGP; reported per round: time, bytes sent per peer, the relative error
+//! against the exact weighted mean, and the efficiency ratio — aggregate encoded bytes moved
+//! per second over one libp2p tensor stream's throughput, measured first in the same run.
+//!
+//! The peers are children of this process on loopback, or, with `--hosts FILE`, started
+//! under each host's launcher and listening on its address (see [`crate::hosts`]). There the
+//! links are not loopback, so no single-stream reference is measured and the efficiency is
+//! left out: whoever shaped the links knows their rate and divides by it.
 
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use murmur_gossip::butterfly::ButterflyConfig;
 use murmur_gossip::net::bench::{StreamBenchConfig, stream_throughput};
 use murmur_protocol::codec::CodecSpec;
 use serde_json::{Value, json};
 
 use crate::cli::{AllreduceAlgo, AllreduceArgs};
+use crate::hosts::Hosts;
 use crate::input_error::BadInput;
 use crate::local::{LocalAveragingMode, LocalPlan, SwarmDir};
 
 /// How long a peer may stay silent (no line) before the benchmark gives up.
 const SILENCE_BOUND: Duration = Duration::from_secs(180);
+/// The most elements one tensor frame carries in f32: a frame is at most 64 MiB
+/// (`max_frame_payload` below), and an SGP share or a ring segment travels in one frame.
+const MAX_FRAME_ELEMENTS: usize = 16_000_000;
+/// The most elements of a butterfly or ring vector: every peer holds a few copies of it and
+/// an f64 reference mean, so 64 Mi elements already need about 1.5 GiB per peer.
+const MAX_VECTOR_ELEMENTS: usize = 1 << 26;
+/// The frame payload limit written into every peer's config.
+const MAX_FRAME_PAYLOAD: u32 = 64 << 20;
 
 /// The children, killed when dropped.
 struct Children(Vec<Child>);
@@ -37,13 +51,7 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     if !(2..=32).contains(&args.peers) {
         return Err(BadInput(format!("--peers {}: expected 2 to 32", args.peers)).into());
     }
-    if !(1..=16_000_000).contains(&args.elements) {
-        return Err(BadInput(format!(
-            "--elements {}: expected 1 to 16000000 (a share or ring segment travels in one frame of at most 64 MiB)",
-            args.elements
-        ))
-        .into());
-    }
+    check_elements(args.algo, args.peers, args.elements)?;
     if !(1..=100).contains(&args.rounds) {
         return Err(BadInput(format!("--rounds {}: expected 1 to 100", args.rounds)).into());
     }
@@ -58,16 +66,22 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
+    let butterfly = butterfly_timeouts(args)?;
     let mut codecs = Vec::new();
     for text in args.codec.split(',') {
         codecs.push(
             CodecSpec::parse(text.trim()).map_err(|e| BadInput(format!("--codec {text}: {e}")))?,
         );
     }
-    let stream_bps = single_stream(args)?;
+    let hosts = Hosts::from_flag(args.hosts.as_deref(), args.peers)?;
+    // On links other than loopback, a loopback stream is no reference.
+    let stream_bps = match args.hosts {
+        None => Some(single_stream(args)?),
+        Some(_) => None,
+    };
     let mut times = Vec::new();
     for &codec in &codecs {
-        times.push(run_codec(args, codec, stream_bps)?);
+        times.push(run_codec(args, &hosts, &butterfly, codec, stream_bps)?);
     }
     // Several codecs in one run: how much faster each round is than the first codec's.
     if let [(first, first_time), rest @ ..] = times.as_slice() {
@@ -86,11 +100,47 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Checks `--elements` for the collective: an SGP share is a whole vector in one frame, a
+/// ring segment a part of it (`elements / peers`), and the butterfly sends its parts in
+/// chunks, so only memory bounds it.
+fn check_elements(algo: AllreduceAlgo, peers: usize, elements: usize) -> Result<(), BadInput> {
+    let frame_mib = MAX_FRAME_PAYLOAD >> 20;
+    let (fits, allowed) = match algo {
+        AllreduceAlgo::Sgp => (
+            elements <= MAX_FRAME_ELEMENTS,
+            format!(
+                "1 to {MAX_FRAME_ELEMENTS} (a share travels in one frame of at most {frame_mib} MiB)"
+            ),
+        ),
+        AllreduceAlgo::Ring => (
+            elements <= MAX_VECTOR_ELEMENTS
+                && elements.div_ceil(peers.max(1)) <= MAX_FRAME_ELEMENTS,
+            format!(
+                "1 to {MAX_VECTOR_ELEMENTS}, with at most {MAX_FRAME_ELEMENTS} per peer (a ring \
+                 segment travels in one frame of at most {frame_mib} MiB)"
+            ),
+        ),
+        AllreduceAlgo::Butterfly => (
+            elements <= MAX_VECTOR_ELEMENTS,
+            format!("1 to {MAX_VECTOR_ELEMENTS} (every peer holds a few copies of the vector)"),
+        ),
+    };
+    if elements == 0 || !fits {
+        return Err(BadInput(format!(
+            "--elements {elements}: expected {allowed} for --algo {} with {peers} peers",
+            format!("{algo:?}").to_lowercase()
+        )));
+    }
+    Ok(())
+}
+
 /// Runs the benchmark with one codec; returns the codec and its median round time.
 fn run_codec(
     args: &AllreduceArgs,
+    hosts: &Hosts,
+    butterfly: &str,
     codec: CodecSpec,
-    stream_bps: f64,
+    stream_bps: Option<f64>,
 ) -> anyhow::Result<(CodecSpec, f64)> {
     let plan = LocalPlan {
         peers: args.peers,
@@ -101,14 +151,19 @@ fn run_codec(
         churn: false,
         json: args.json,
         out: None,
+        hosts: hosts.clone(),
+        synthetic_step_ms: 0,
     };
     let dir = SwarmDir::create(None, args.peers)?;
     let (tx, rx) = mpsc::sync_channel::<(usize, String)>(1024);
     let mut children = Children(Vec::new());
     let mut bootstrap = Vec::new();
-    for index in 0..args.peers {
-        write_config(&dir, &plan, index, &bootstrap)?;
-        children.0.push(spawn_peer(&dir, args, index, tx.clone())?);
+    // One peer per host; `Hosts::from_flag` made them as many as `--peers`.
+    for index in 0..hosts.len() {
+        write_config(&dir, &plan, index, &bootstrap, butterfly)?;
+        children
+            .0
+            .push(spawn_peer(&dir, args, hosts, index, tx.clone())?);
         if index == 0 {
             let (_, line) = rx
                 .recv_timeout(Duration::from_secs(30))
@@ -146,23 +201,50 @@ fn single_stream(args: &AllreduceArgs) -> anyhow::Result<f64> {
     Ok(rounds[rounds.len() / 2])
 }
 
-/// Writes peer `index`'s config, with frames large enough for a whole share or segment.
+/// The `[averaging.butterfly]` table of every peer's config: empty for the defaults, or
+/// the timeouts given, checked the way the config loader will check them.
+fn butterfly_timeouts(args: &AllreduceArgs) -> Result<String, BadInput> {
+    if args.chunk_timeout_ms.is_none() && args.reducer_timeout_ms.is_none() {
+        return Ok(String::new());
+    }
+    let mut config = ButterflyConfig::default();
+    config.chunk_timeout_ms = args.chunk_timeout_ms.unwrap_or(config.chunk_timeout_ms);
+    config.reducer_timeout_ms = args.reducer_timeout_ms.unwrap_or(config.reducer_timeout_ms);
+    config
+        .validate()
+        .map_err(|e| BadInput(format!("--chunk-timeout-ms / --reducer-timeout-ms: {e}")))?;
+    Ok(format!(
+        "\n[averaging.butterfly]\nchunk_timeout_ms = {}\nreducer_timeout_ms = {}\n",
+        config.chunk_timeout_ms, config.reducer_timeout_ms
+    ))
+}
+
+/// Writes peer `index`'s config (listening on its host's address, as `plan.hosts` says),
+/// with frames large enough for a whole share or segment, and `butterfly` (a TOML table,
+/// or nothing) at the end.
 fn write_config(
     dir: &SwarmDir,
     plan: &LocalPlan,
     index: usize,
     bootstrap: &[String],
+    butterfly: &str,
 ) -> anyhow::Result<()> {
     dir.write_config(plan, index, bootstrap)?;
     let path = dir.config_path(index);
     let text = std::fs::read_to_string(&path)?;
-    let text = text.replacen("[net]\n", "[net]\nmax_frame_payload = 67108864\n", 1);
+    let mut text = text.replacen(
+        "[net]\n",
+        &format!("[net]\nmax_frame_payload = {MAX_FRAME_PAYLOAD}\n"),
+        1,
+    );
+    text.push_str(butterfly);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn spawn_peer(
     dir: &SwarmDir,
     args: &AllreduceArgs,
+    hosts: &Hosts,
     index: usize,
     tx: mpsc::SyncSender<(usize, String)>,
 ) -> anyhow::Result<Child> {
@@ -172,7 +254,8 @@ fn spawn_peer(
         AllreduceAlgo::Ring => "ring",
         AllreduceAlgo::Sgp => "sgp",
     };
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut child = hosts
+        .command(index, std::env::current_exe()?)
         .args(["bench", "allreduce-peer", "--config"])
         .arg(dir.config_path(index))
         .args(["--index", &index.to_string()])
@@ -252,7 +335,7 @@ fn collect(
 fn report(
     args: &AllreduceArgs,
     codec: CodecSpec,
-    stream_bps: f64,
+    stream_bps: Option<f64>,
     rounds: &[Vec<Option<Value>>],
     discovery_s: f64,
     dir: &std::path::Path,
@@ -289,7 +372,7 @@ fn report(
             "rel_error": error,
             "coverage": coverage,
             "coverage_all": coverage_all,
-            "efficiency": bytes / time / stream_bps,
+            "efficiency": stream_bps.map(|stream| bytes / time / stream),
         }));
     }
     let median = |key: &str| {
@@ -315,12 +398,18 @@ fn report(
         println!("{summary}");
         return Ok(median("time_s"));
     }
-    println!(
-        "{} peers, {} elements, {codec}, {algo}; one tensor stream: {:.1} MB/s",
-        args.peers,
-        args.elements,
-        stream_bps / 1e6
-    );
+    match stream_bps {
+        Some(stream) => println!(
+            "{} peers, {} elements, {codec}, {algo}; one tensor stream: {:.1} MB/s",
+            args.peers,
+            args.elements,
+            stream / 1e6
+        ),
+        None => println!(
+            "{} peers, {} elements, {codec}, {algo}; on the --hosts links",
+            args.peers, args.elements
+        ),
+    }
     println!("every peer found every other (via the DHT) within {discovery_s:.2} s");
     println!("round   time (s)   MB sent/peer   rel. error   coverage   efficiency");
     for row in &rows {
@@ -340,4 +429,96 @@ fn report(
         median("efficiency")
     );
     Ok(median("time_s"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_64_mib_f32_vector_is_accepted_where_frames_carry_parts_of_it() {
+        let elements = 16_777_216;
+        assert!(check_elements(AllreduceAlgo::Butterfly, 4, elements).is_ok());
+        assert!(check_elements(AllreduceAlgo::Butterfly, 2, elements).is_ok());
+        assert!(check_elements(AllreduceAlgo::Ring, 2, elements).is_ok());
+        assert!(check_elements(AllreduceAlgo::Ring, 8, elements).is_ok());
+        // An SGP share is the whole vector in one frame.
+        let sgp = check_elements(AllreduceAlgo::Sgp, 4, elements).unwrap_err();
+        assert!(sgp.0.contains("--elements 16777216"), "{sgp}");
+        assert!(sgp.0.contains("one frame"), "{sgp}");
+        assert!(check_elements(AllreduceAlgo::Sgp, 4, MAX_FRAME_ELEMENTS).is_ok());
+    }
+
+    #[test]
+    fn a_ring_segment_past_one_frame_or_a_vector_past_memory_is_refused() {
+        // Two peers: each segment is half of 40 M elements, more than a frame holds.
+        let ring = check_elements(AllreduceAlgo::Ring, 2, 40_000_000).unwrap_err();
+        assert!(ring.0.contains("per peer"), "{ring}");
+        assert!(check_elements(AllreduceAlgo::Ring, 4, 40_000_000).is_ok());
+        let huge = MAX_VECTOR_ELEMENTS + 1;
+        for algo in [AllreduceAlgo::Butterfly, AllreduceAlgo::Ring] {
+            assert!(check_elements(algo, 32, huge).is_err(), "{algo:?}");
+            assert!(check_elements(algo, 32, 0).is_err(), "{algo:?}");
+        }
+    }
+
+    fn args(chunk_timeout_ms: Option<u64>, reducer_timeout_ms: Option<u64>) -> AllreduceArgs {
+        AllreduceArgs {
+            peers: 4,
+            elements: 1000,
+            codec: "f32".into(),
+            algo: AllreduceAlgo::Butterfly,
+            rounds: 1,
+            json: true,
+            kill_peer: None,
+            kill_at_round: 1,
+            hosts: None,
+            chunk_timeout_ms,
+            reducer_timeout_ms,
+        }
+    }
+
+    #[test]
+    fn butterfly_timeouts_are_written_only_when_given_and_checked() {
+        assert_eq!(butterfly_timeouts(&args(None, None)).unwrap(), "");
+        let table = butterfly_timeouts(&args(Some(60_000), None)).unwrap_err();
+        assert!(table.0.contains("reducer_timeout_ms"), "{table}");
+        let table = butterfly_timeouts(&args(Some(60_000), Some(90_000))).unwrap();
+        let parsed: toml::Table = toml::from_str(&table).unwrap();
+        let butterfly = &parsed["averaging"]["butterfly"];
+        assert_eq!(butterfly["chunk_timeout_ms"].as_integer(), Some(60_000));
+        assert_eq!(butterfly["reducer_timeout_ms"].as_integer(), Some(90_000));
+    }
+
+    #[test]
+    fn hosts_configs_load_with_the_hosts_address_and_large_frames() {
+        let tmp = tempfile::tempdir().unwrap();
+        let hosts_file = tmp.path().join("hosts.toml");
+        std::fs::write(
+            &hosts_file,
+            "[[peer]]\nlisten_ip = \"10.77.1.2\"\n\n[[peer]]\nlisten_ip = \"10.77.2.2\"\n",
+        )
+        .unwrap();
+        let plan = LocalPlan {
+            peers: 2,
+            mode: LocalAveragingMode::Butterfly,
+            codec: CodecSpec::F32,
+            steps: 1,
+            stragglers: Vec::new(),
+            churn: false,
+            json: true,
+            out: None,
+            hosts: Hosts::from_flag(Some(&hosts_file), 2).unwrap(),
+            synthetic_step_ms: 0,
+        };
+        let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), 2).unwrap();
+        let butterfly =
+            "\n[averaging.butterfly]\nchunk_timeout_ms = 60000\nreducer_timeout_ms = 90000\n";
+        write_config(&dir, &plan, 1, &[], butterfly).unwrap();
+        let loaded = crate::config::load(&dir.config_path(1)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.net.listen_addrs, ["/ip4/10.77.2.2/udp/0/quic-v1"]);
+        assert_eq!(loaded.net.max_frame_payload, MAX_FRAME_PAYLOAD);
+        assert_eq!(loaded.averaging.butterfly.chunk_timeout_ms, 60_000);
+        assert_eq!(loaded.averaging.butterfly.reducer_timeout_ms, 90_000);
+    }
 }

@@ -122,6 +122,7 @@ impl ConfigFile {
             export: config.training.export.as_deref().map(|p| self.resolve(p)),
             device: *device,
             slowdown: config.training.slowdown,
+            synthetic_step: Duration::from_millis(config.training.synthetic_step_ms),
             min_peers: config.training.min_peers,
             start_timeout: Duration::from_millis(config.training.start_timeout_ms),
         };

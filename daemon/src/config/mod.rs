@@ -96,6 +96,8 @@ pub(crate) struct Training {
     pub(crate) device: DeviceChoice,
     /// Each step is stretched to this many times its compute time (≥ 1).
     pub(crate) slowdown: f64,
+    /// Every step is padded to at least this by sleeping, before `slowdown`; zero = off.
+    pub(crate) synthetic_step: Duration,
     /// Other peers to wait for before training.
     pub(crate) min_peers: usize,
     /// The bound on that wait.

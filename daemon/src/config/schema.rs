@@ -127,6 +127,9 @@ pub(crate) struct TrainingSection {
     pub(crate) device: String,
     /// Each step is stretched to this many times its compute time (at least 1).
     pub(crate) slowdown: f64,
+    /// Pad every step to at least this many milliseconds by sleeping, before `slowdown`
+    /// applies; 0 = off. Step time then follows the config, not the CPU.
+    pub(crate) synthetic_step_ms: u64,
     /// Wait for this many other peers before training (bounded by `start_timeout_ms`).
     pub(crate) min_peers: usize,
     /// How long to wait for `min_peers`, in milliseconds.
@@ -141,6 +144,7 @@ impl Default for TrainingSection {
             export: None,
             device: "auto".to_owned(),
             slowdown: 1.0,
+            synthetic_step_ms: 0,
             min_peers: 0,
             start_timeout_ms: 30_000,
         }

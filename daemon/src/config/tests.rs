@@ -193,6 +193,11 @@ fn out_of_range_values_name_their_key_line_and_value() {
         ("keep = 3\n", "keep = 0\n", "checkpoint.keep"),
         ("slowdown = 1.0\n", "slowdown = 0.5\n", "training.slowdown"),
         (
+            "synthetic_step_ms = 0\n",
+            "synthetic_step_ms = 60001\n",
+            "training.synthetic_step_ms",
+        ),
+        (
             "cpu_threads = 0\n",
             "cpu_threads = 99999\n",
             "volunteer.cpu_threads",

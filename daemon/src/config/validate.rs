@@ -179,6 +179,9 @@ pub(crate) fn sgp_config(section: SgpSection, codec: CodecSpec) -> SgpConfig {
     }
 }
 
+/// The longest synthetic step: a minute per step is already far slower than any real one.
+const MAX_SYNTHETIC_STEP_MS: u64 = 60_000;
+
 /// The daemon's own keys: ranges murmur-gossip and the trainer do not know about.
 fn check_daemon_ranges(config: &Config, at: &Locator<'_>) -> Result<(), ConfigError> {
     let volunteer = &config.volunteer;
@@ -217,6 +220,13 @@ fn check_daemon_ranges(config: &Config, at: &Locator<'_>) -> Result<(), ConfigEr
             "out of range: allowed 1.0 to 1000.0 (1.0 = full speed)",
         ));
     }
+    in_range(
+        at,
+        "training.synthetic_step_ms",
+        training.synthetic_step_ms,
+        0..=MAX_SYNTHETIC_STEP_MS,
+        "0 (off) to 60000 milliseconds",
+    )?;
     in_range(
         at,
         "training.min_peers",

@@ -1,11 +1,13 @@
 //! The flags of `murmur local` and their validation into a [`LocalPlan`].
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::Args;
 use murmur_protocol::codec::CodecSpec;
 use murmur_trainer::TaskPreset;
 
+use crate::hosts::Hosts;
 use crate::input_error::BadInput;
 
 /// The most peers `murmur local` starts: each is a full training process on this host.
@@ -13,6 +15,12 @@ pub(crate) const MAX_PEERS: usize = 64;
 
 /// The largest straggler factor accepted: beyond it a peer contributes next to nothing.
 const MAX_STRAGGLER_FACTOR: f64 = 100.0;
+
+/// The longest synthetic step, as `[training] synthetic_step_ms` allows it.
+const MAX_SYNTHETIC_STEP_MS: u64 = 60_000;
+
+/// The longest `--churn-every` interval, in seconds.
+const MAX_CHURN_EVERY_S: f64 = 3600.0;
 
 #[derive(Debug, Args)]
 pub(crate) struct LocalArgs {
@@ -32,9 +40,14 @@ pub(crate) struct LocalArgs {
     /// Repeatable.
     #[arg(long, value_name = "PEER:FACTOR")]
     pub(crate) straggler: Vec<String>,
-    /// Every 5 to 10 s, kill -9 one peer other than peer 0 and restart it 2 s later.
+    /// Every 5 to 10 s (see `--churn-every`), kill -9 one peer other than peer 0 and
+    /// restart it 2 s later.
     #[arg(long)]
     pub(crate) churn: bool,
+    /// `MIN-MAX`: with `--churn`, kill a peer every MIN to MAX seconds (drawn uniformly each
+    /// time), e.g. `2-5`. Default: 5-10.
+    #[arg(long, value_name = "MIN-MAX")]
+    pub(crate) churn_every: Option<String>,
     /// Print the summary as one JSON object, and nothing live.
     #[arg(long)]
     pub(crate) json: bool,
@@ -42,6 +55,16 @@ pub(crate) struct LocalArgs {
     /// new or empty. Default: a fresh folder under the system's temp folder, kept.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
+    /// Where each peer runs: a TOML file of `[[peer]]` tables, each with a `launch` command
+    /// prefix (such as `ip netns exec NAME`) and the `listen_ip` it listens on. Default:
+    /// children of this process on loopback.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) hosts: Option<PathBuf>,
+    /// Pad every step to at least MS milliseconds by sleeping (`[training]
+    /// synthetic_step_ms`), so step time follows the flag rather than the shared CPU; a
+    /// straggler's padded step is stretched by its factor. 0 = off.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub(crate) synthetic_step_ms: u64,
 }
 
 /// `[averaging] mode` of every peer.
@@ -89,6 +112,10 @@ pub(crate) struct LocalPlan {
     pub(crate) churn: bool,
     pub(crate) json: bool,
     pub(crate) out: Option<PathBuf>,
+    /// Where each peer runs and listens.
+    pub(crate) hosts: Hosts,
+    /// Every peer's `[training] synthetic_step_ms`; 0 = off.
+    pub(crate) synthetic_step_ms: u64,
 }
 
 impl LocalPlan {
@@ -126,6 +153,14 @@ impl LocalPlan {
                 "--churn needs --peers 2 or more: peer 0 is never killed".into(),
             ));
         }
+        args.churn_every()?;
+        if args.synthetic_step_ms > MAX_SYNTHETIC_STEP_MS {
+            return Err(BadInput(format!(
+                "--synthetic-step-ms {}: expected 0 (off) to {MAX_SYNTHETIC_STEP_MS}",
+                args.synthetic_step_ms
+            )));
+        }
+        let hosts = Hosts::from_flag(args.hosts.as_deref(), args.peers)?;
         Ok(LocalPlan {
             peers: args.peers,
             mode: args.mode,
@@ -135,6 +170,8 @@ impl LocalPlan {
             churn: args.churn,
             json: args.json,
             out: args.out.clone(),
+            hosts,
+            synthetic_step_ms: args.synthetic_step_ms,
         })
     }
 
@@ -150,6 +187,42 @@ impl LocalPlan {
     pub(crate) fn max_slowdown(&self) -> f64 {
         self.stragglers.iter().map(|s| s.factor).fold(1.0, f64::max)
     }
+}
+
+impl LocalArgs {
+    /// `--churn-every`, checked: `None` when not given (the supervisor's default applies).
+    pub(crate) fn churn_every(&self) -> Result<Option<(Duration, Duration)>, BadInput> {
+        match &self.churn_every {
+            None => Ok(None),
+            Some(_) if !self.churn => Err(BadInput(
+                "--churn-every only applies with --churn; add --churn or drop it".into(),
+            )),
+            Some(text) => parse_churn_every(text).map(|(min, max)| {
+                Some((Duration::from_secs_f64(min), Duration::from_secs_f64(max)))
+            }),
+        }
+    }
+}
+
+/// Parses `--churn-every MIN-MAX`, in seconds.
+fn parse_churn_every(text: &str) -> Result<(f64, f64), BadInput> {
+    let bad = |why: &str| BadInput(format!("--churn-every {text}: {why}"));
+    let (min, max) = text
+        .split_once('-')
+        .ok_or_else(|| bad("expected MIN-MAX in seconds, e.g. 2-5"))?;
+    let seconds = |part: &str| {
+        part.trim()
+            .parse::<f64>()
+            .map_err(|_| bad(&format!("{part:?} is not a number of seconds")))
+    };
+    let (min, max) = (seconds(min)?, seconds(max)?);
+    let in_range = min > 0.0 && min <= max && max <= MAX_CHURN_EVERY_S;
+    if !in_range {
+        return Err(bad(&format!(
+            "expected 0 < MIN <= MAX <= {MAX_CHURN_EVERY_S} seconds"
+        )));
+    }
+    Ok((min, max))
 }
 
 /// Parses `PEER:FACTOR` for a swarm of `peers`.
@@ -193,8 +266,11 @@ mod tests {
             steps: None,
             straggler: Vec::new(),
             churn: false,
+            churn_every: None,
             json: false,
             out: None,
+            hosts: None,
+            synthetic_step_ms: 0,
         }
     }
 
@@ -276,6 +352,56 @@ mod tests {
         a.peers = 1;
         a.churn = true;
         assert!(error(&a).starts_with("--churn"));
+
+        let mut a = args();
+        a.churn_every = Some("2-5".into());
+        assert!(error(&a).starts_with("--churn-every"));
+
+        let mut a = args();
+        a.synthetic_step_ms = MAX_SYNTHETIC_STEP_MS + 1;
+        assert!(error(&a).starts_with("--synthetic-step-ms 60001"));
+    }
+
+    #[test]
+    fn churn_intervals_are_parsed_in_seconds() {
+        let mut a = args();
+        a.churn = true;
+        assert_eq!(a.churn_every().unwrap(), None);
+        a.churn_every = Some("2-5".into());
+        LocalPlan::from_args(&a).unwrap();
+        assert_eq!(
+            a.churn_every().unwrap(),
+            Some((Duration::from_secs(2), Duration::from_secs(5)))
+        );
+        a.churn_every = Some("0.5 - 0.5".into());
+        assert_eq!(
+            a.churn_every().unwrap(),
+            Some((Duration::from_millis(500), Duration::from_millis(500)))
+        );
+        for bad in ["5", "5-2", "0-2", "-1-2", "x-2", "2-NaN", "1-inf", "1-4000"] {
+            a.churn_every = Some(bad.into());
+            let e = error(&a);
+            assert!(e.starts_with(&format!("--churn-every {bad}")), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_hosts_file_must_name_every_peer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("hosts.toml");
+        std::fs::write(&path, "[[peer]]\nlisten_ip = \"10.0.0.2\"\n").unwrap();
+        let mut a = args();
+        a.hosts = Some(path.clone());
+        let e = error(&a);
+        assert!(e.starts_with("--hosts") && e.contains("4 peers"), "{e}");
+
+        a.peers = 1;
+        let plan = LocalPlan::from_args(&a).unwrap();
+        assert_eq!(plan.hosts.listen_ip(0).to_string(), "10.0.0.2");
+        assert_eq!(
+            LocalPlan::from_args(&args()).unwrap().hosts,
+            Hosts::loopback(4)
+        );
     }
 
     #[test]

@@ -48,8 +48,11 @@ fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
         steps: Some(5),
         straggler: Vec::new(),
         churn,
+        churn_every: None,
         json: true,
         out: Some(out.to_owned()),
+        hosts: None,
+        synthetic_step_ms: 0,
     })
     .unwrap()
 }

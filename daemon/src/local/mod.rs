@@ -40,7 +40,11 @@ pub(crate) use self::swarm_dir::SwarmDir;
 pub(crate) fn run(args: &LocalArgs) -> anyhow::Result<()> {
     let plan = LocalPlan::from_args(args)?;
     let launcher = Launcher::murmur_run()?;
-    let summary = run_swarm(&plan, &launcher, &Limits::for_plan(&plan))?;
+    let mut limits = Limits::for_plan(&plan);
+    if let Some(every) = args.churn_every()? {
+        limits.churn_every = every;
+    }
+    let summary = run_swarm(&plan, &launcher, &limits)?;
     if summary.all_finished() {
         Ok(())
     } else {

@@ -2,6 +2,7 @@
 //! into bounded messages, and stopping it.
 
 use std::ffi::OsString;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -12,11 +13,14 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 use super::events::{EventError, PeerEvent, parse_line};
+use crate::hosts::Hosts;
 
 /// The longest progress line read; longer ones are skipped (progress lines are ~300 bytes).
 const MAX_LINE_BYTES: usize = 64 * 1024;
 /// How long `kill -s INT` may take.
 const SIGNAL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Beside each peer's log: every line it printed on stdout, over all its restarts.
+pub(crate) const PROGRESS_FILE: &str = "progress.jsonl";
 
 /// How to start a peer: a program and the arguments before `--config FILE --progress`.
 #[derive(Debug, Clone)]
@@ -66,11 +70,12 @@ pub(crate) struct PeerMessage {
     pub(crate) output: PeerOutput,
 }
 
-/// Starts one peer: stdout is parsed into `messages`, stderr is appended to `log`. The child
-/// runs in its own process group, so a terminal's Ctrl-C reaches `murmur local` only, which
-/// forwards it exactly once.
+/// Starts one peer, under its launcher from `hosts`: stdout is parsed into `messages` and
+/// appended to [`PROGRESS_FILE`] beside `log`, stderr is appended to `log`. The child runs in its own process group, so a terminal's Ctrl-C
+/// reaches `murmur local` only, which forwards it exactly once.
 pub(crate) fn spawn_peer(
     launcher: &Launcher,
+    hosts: &Hosts,
     peer: usize,
     generation: u32,
     config: &Path,
@@ -82,7 +87,13 @@ pub(crate) fn spawn_peer(
         .append(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
-    let mut child = Command::new(&launcher.program)
+    let lines_path = log.with_file_name(PROGRESS_FILE);
+    let lines_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&lines_path)
+        .with_context(|| format!("opening {}", lines_path.display()))?;
+    let mut child = Command::from(hosts.command(peer, &launcher.program))
         .args(&launcher.leading_args)
         .arg("--config")
         .arg(config)
@@ -100,6 +111,7 @@ pub(crate) fn spawn_peer(
         .context("the child's stdout was not captured")?;
     tokio::spawn(forward_lines(
         BufReader::new(stdout),
+        lines_file,
         peer,
         generation,
         messages,
@@ -107,9 +119,11 @@ pub(crate) fn spawn_peer(
     Ok(child)
 }
 
-/// Reads lines until EOF and sends what they say; stops early if nobody listens any more.
+/// Reads lines until EOF, appends each to `copy` and sends what they say; stops early if
+/// nobody listens any more.
 async fn forward_lines<R: AsyncBufRead + Unpin>(
     mut reader: R,
+    mut copy: std::fs::File,
     peer: usize,
     generation: u32,
     messages: mpsc::Sender<PeerMessage>,
@@ -117,11 +131,17 @@ async fn forward_lines<R: AsyncBufRead + Unpin>(
     let mut buf = Vec::with_capacity(1024);
     loop {
         let output = match read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES).await {
-            Ok(LineRead::Line) => match parse_line(&String::from_utf8_lossy(&buf)) {
-                Ok(Some(event)) => PeerOutput::Event(event),
-                Ok(None) => continue,
-                Err(e) => PeerOutput::Malformed(e),
-            },
+            Ok(LineRead::Line) => {
+                // A lost copy must not stop the run; the line is still handled below.
+                buf.push(b'\n');
+                let _ = copy.write_all(&buf);
+                buf.pop();
+                match parse_line(&String::from_utf8_lossy(&buf)) {
+                    Ok(Some(event)) => PeerOutput::Event(event),
+                    Ok(None) => continue,
+                    Err(e) => PeerOutput::Malformed(e),
+                }
+            }
             Ok(LineRead::Overlong) => PeerOutput::Overlong,
             Ok(LineRead::Eof) => PeerOutput::Closed(None),
             Err(e) => PeerOutput::Closed(Some(e)),
@@ -245,7 +265,15 @@ mod tests {
         runtime().block_on(async {
             let input: &[u8] = b"log line\n{\"event\":\"eval\",\"step\":5,\"eval_loss\":2.5}\n{\"event\":\"eval\"}\n";
             let (tx, mut rx) = mpsc::channel(8);
-            forward_lines(BufReader::new(input), 3, 7, tx).await;
+            let tmp = tempfile::tempdir().unwrap();
+            let copy_path = tmp.path().join(PROGRESS_FILE);
+            let copy = std::fs::File::create(&copy_path).unwrap();
+            forward_lines(BufReader::new(input), copy, 3, 7, tx).await;
+            assert_eq!(
+                std::fs::read(&copy_path).unwrap(),
+                input,
+                "every line is copied, whatever it says"
+            );
             let first = rx.recv().await.unwrap();
             assert_eq!((first.peer, first.generation), (3, 7));
             assert!(matches!(first.output, PeerOutput::Event(PeerEvent::Eval(_))));

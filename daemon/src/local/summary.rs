@@ -312,8 +312,11 @@ mod tests {
             steps: Some(100),
             straggler: vec!["1:2".into()],
             churn: false,
+            churn_every: None,
             json: true,
             out: None,
+            hosts: None,
+            synthetic_step_ms: 0,
         })
         .unwrap()
     }

@@ -46,12 +46,14 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
-    /// The bounds of a run: generous, scaled with the steps, the slowest straggler, how many
-    /// peers share each core, and churn.
+    /// The bounds of a run: generous, scaled with the steps, the synthetic step time, the
+    /// slowest straggler, how many peers share each core, and churn.
     pub(crate) fn for_plan(plan: &LocalPlan) -> Limits {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let sharing = (plan.peers as f64 / cores as f64).max(1.0);
-        let mut overall_s = 120.0 + plan.steps as f64 * 0.5 * plan.max_slowdown() * sharing;
+        let synthetic_s = plan.synthetic_step_ms as f64 / 1000.0;
+        let mut overall_s =
+            120.0 + plan.steps as f64 * (0.5 * sharing + synthetic_s) * plan.max_slowdown();
         if plan.churn {
             overall_s *= 1.5;
         }
@@ -214,6 +216,7 @@ impl Supervisor<'_> {
         let slot = &mut self.slots[peer];
         let child = spawn_peer(
             self.launcher,
+            &self.plan.hosts,
             peer,
             slot.generation,
             &self.dir.config_path(peer),

@@ -7,6 +7,7 @@
 //! <out>/peer-0/invite       the authority's signed invite for peer 0
 //! <out>/peer-0/murmur.toml  written when its bootstrap address is known
 //! <out>/peer-0/murmur.log   the peer's log (stderr)
+//! <out>/peer-0/progress.jsonl  its progress lines (stdout), over all its restarts
 //! <out>/peer-0/checkpoints/
 //! ```
 
@@ -212,10 +213,12 @@ pub(crate) fn peer_config_text(c: &PeerConfig<'_>) -> String {
         quoted(INVITE_FILE)
     );
     let bootstrap: Vec<String> = c.bootstrap.iter().map(|a| quoted(a)).collect();
+    // QUIC only, as a swarm on one host needs no TCP fallback.
+    let [quic, _tcp] = plan.hosts.listen_addrs(c.index);
     let _ = writeln!(
         t,
         "[net]\nlisten_addrs = [{}]\nbootstrap = [{}]\nmdns = false\n",
-        quoted("/ip4/127.0.0.1/udp/0/quic-v1"),
+        quoted(&quic),
         bootstrap.join(", ")
     );
     let _ = writeln!(t, "[volunteer]\ncpu_threads = {}\n", c.cpu_threads);
@@ -229,6 +232,9 @@ pub(crate) fn peer_config_text(c: &PeerConfig<'_>) -> String {
     let slowdown = plan.slowdown(c.index);
     if slowdown > 1.0 {
         let _ = writeln!(t, "slowdown = {slowdown:?}");
+    }
+    if plan.synthetic_step_ms > 0 {
+        let _ = writeln!(t, "synthetic_step_ms = {}", plan.synthetic_step_ms);
     }
     let _ = writeln!(
         t,
@@ -298,8 +304,11 @@ mod tests {
             steps: Some(40),
             straggler: stragglers.iter().map(|s| (*s).to_owned()).collect(),
             churn: false,
+            churn_every: None,
             json: false,
             out: None,
+            hosts: None,
+            synthetic_step_ms: 0,
         })
         .unwrap()
     }
@@ -394,6 +403,42 @@ mod tests {
             murmur_trainer::TaskPreset::default_local(),
             "the task sections default to the built-in preset"
         );
+    }
+
+    #[test]
+    fn peers_listen_where_the_hosts_file_says_and_pad_their_steps() {
+        let tmp = tempfile::tempdir().unwrap();
+        let hosts = tmp.path().join("hosts.toml");
+        let mut text = String::new();
+        for peer in 0..3 {
+            text.push_str(&format!(
+                "[[peer]]\nlaunch = [\"ip\", \"netns\", \"exec\", \"n{peer}\"]\nlisten_ip = \"10.9.{peer}.2\"\n"
+            ));
+        }
+        std::fs::write(&hosts, text).unwrap();
+        let plan = LocalPlan::from_args(&LocalArgs {
+            peers: 3,
+            mode: AveragingMode::SyncRing,
+            codec: "f32".into(),
+            steps: Some(20),
+            straggler: vec!["1:4".into()],
+            churn: false,
+            churn_every: None,
+            json: false,
+            out: None,
+            hosts: Some(hosts),
+            synthetic_step_ms: 150,
+        })
+        .unwrap();
+        let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), plan.peers).unwrap();
+        dir.write_config(&plan, 1, &[]).unwrap();
+        let loaded = crate::config::load(&dir.config_path(1)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.net.listen_addrs, ["/ip4/10.9.1.2/udp/0/quic-v1"]);
+        assert_eq!(
+            loaded.training.synthetic_step,
+            std::time::Duration::from_millis(150)
+        );
+        assert_eq!(loaded.training.slowdown, 4.0);
     }
 
     #[test]

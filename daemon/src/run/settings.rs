@@ -11,6 +11,8 @@ use murmur_protocol::identity::Keypair;
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::TaskConfig;
 
+use super::worker::StepPace;
+
 /// Local SGD's outer loop.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LocalSgdSettings {
@@ -43,6 +45,8 @@ pub(crate) struct RunSettings {
     pub(crate) eval_every: u64,
     pub(crate) export: Option<PathBuf>,
     pub(crate) slowdown: f64,
+    /// Every step is padded to at least this by sleeping, before `slowdown`; zero = off.
+    pub(crate) synthetic_step: Duration,
     /// Other peers to wait for before training, and the bound on that wait.
     pub(crate) min_peers: usize,
     pub(crate) start_timeout: Duration,
@@ -62,6 +66,14 @@ impl RunSettings {
             AveragingMode::Butterfly => "butterfly",
             AveragingMode::LocalSgd => "local-sgd",
             AveragingMode::SyncRing => "sync-ring",
+        }
+    }
+
+    /// How each step is padded and stretched beyond its compute.
+    pub(crate) fn pace(&self) -> StepPace {
+        StepPace {
+            slowdown: self.slowdown,
+            synthetic_step: self.synthetic_step,
         }
     }
 

@@ -86,6 +86,33 @@ pub(crate) enum Done {
     OptimizerLoaded,
 }
 
+/// How long a step takes besides its compute: a simulated straggler, and a synthetic step
+/// time that takes the place of compute in network experiments.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct StepPace {
+    /// A step takes this many times its (padded) compute time, at least 1.
+    pub(crate) slowdown: f64,
+    /// Every step is padded to at least this by sleeping; zero = off.
+    pub(crate) synthetic_step: Duration,
+}
+
+impl StepPace {
+    /// Steps as fast as the trainer computes them.
+    #[cfg(test)]
+    pub(crate) const FULL_SPEED: StepPace = StepPace {
+        slowdown: 1.0,
+        synthetic_step: Duration::ZERO,
+    };
+
+    /// How long a step that computed for `compute` takes in all:
+    /// `slowdown × max(compute, synthetic_step)`.
+    pub(crate) fn step_time(&self, compute: Duration) -> Duration {
+        compute
+            .max(self.synthetic_step)
+            .mul_f64(self.slowdown.max(1.0))
+    }
+}
+
 /// The trainer thread and its two queues.
 #[derive(Debug)]
 pub(crate) struct Worker {
@@ -96,12 +123,12 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts the thread. `slowdown ≥ 1` stretches every step to that multiple of its
-    /// compute time (a simulated straggler).
+    /// Starts the thread. `pace` pads and stretches every step (a synthetic step time, a
+    /// simulated straggler).
     pub(crate) fn spawn(
         task: Task,
         params_len: usize,
-        slowdown: f64,
+        pace: StepPace,
         shared: SharedOptimizer,
     ) -> anyhow::Result<Worker> {
         let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<Job>(1);
@@ -109,7 +136,7 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("murmur-trainer".into())
             .spawn(move || {
-                let mut state = WorkerState::new(task, params_len, slowdown, shared);
+                let mut state = WorkerState::new(task, params_len, pace, shared);
                 while let Ok(job) = jobs_rx.recv() {
                     let done = state.run(job);
                     if done_tx.blocking_send(done).is_err() {
@@ -165,12 +192,12 @@ struct WorkerState {
     task: Task,
     batch: Batch,
     grad: Vec<f32>,
-    slowdown: f64,
+    pace: StepPace,
     shared: SharedOptimizer,
 }
 
 impl WorkerState {
-    fn new(task: Task, params_len: usize, slowdown: f64, shared: SharedOptimizer) -> WorkerState {
+    fn new(task: Task, params_len: usize, pace: StepPace, shared: SharedOptimizer) -> WorkerState {
         let rows = task.batch_size;
         let batch = match task.dataset.shape() {
             DataShape::Tokens { context, .. } => Batch::tokens_with_capacity(rows, context),
@@ -180,7 +207,7 @@ impl WorkerState {
             task,
             batch,
             grad: vec![0.0; params_len],
-            slowdown,
+            pace,
             shared,
         }
     }
@@ -212,10 +239,11 @@ impl WorkerState {
         self.batch.rows as u64
     }
 
-    /// Sleeps so that a step that computed for `spent` takes `slowdown × spent` in all.
+    /// Sleeps so that a step that computed for `spent` takes [`StepPace::step_time`] in all.
     fn stretch(&self, spent: Duration) {
-        if self.slowdown > 1.0 {
-            std::thread::sleep(spent.mul_f64(self.slowdown - 1.0));
+        let rest = self.pace.step_time(spent).saturating_sub(spent);
+        if !rest.is_zero() {
+            std::thread::sleep(rest);
         }
     }
 
@@ -317,5 +345,42 @@ impl WorkerState {
                 Ok(Done::OptimizerLoaded)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn full_speed_adds_nothing() {
+        assert_eq!(StepPace::FULL_SPEED.step_time(7 * MS), 7 * MS);
+    }
+
+    #[test]
+    fn a_slowdown_stretches_the_compute_time() {
+        let pace = StepPace {
+            slowdown: 4.0,
+            synthetic_step: Duration::ZERO,
+        };
+        assert_eq!(pace.step_time(10 * MS), 40 * MS);
+    }
+
+    #[test]
+    fn a_synthetic_step_sets_the_step_time_unless_compute_takes_longer() {
+        let pace = StepPace {
+            slowdown: 1.0,
+            synthetic_step: 100 * MS,
+        };
+        assert_eq!(pace.step_time(3 * MS), 100 * MS);
+        assert_eq!(pace.step_time(130 * MS), 130 * MS);
+        let straggler = StepPace {
+            slowdown: 4.0,
+            ..pace
+        };
+        assert_eq!(straggler.step_time(3 * MS), 400 * MS);
+        assert_eq!(straggler.step_time(130 * MS), 520 * MS);
     }
 }
