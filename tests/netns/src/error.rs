@@ -79,4 +79,10 @@ pub enum HarnessError {
         /// What was missing or malformed.
         detail: String,
     },
+    /// A partition names peers the network does not have, or a peer twice.
+    #[error("invalid partition: {reason}")]
+    InvalidPartition {
+        /// What is wrong and what is allowed.
+        reason: String,
+    },
 }

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use crate::HarnessError;
 use crate::delay_line::DelayLineStats;
 use crate::exec::{KillOnDrop, describe, run_bounded, run_checked};
+use crate::partition::{Cut, cuts};
 use crate::topology::{Topology, peer_address, router_address, tbf_parameters};
 
 /// Every namespace a harness creates starts with this, followed by the creating process's id.
@@ -45,6 +46,10 @@ const DELAY_DEVICE: &str = "delay0";
 const DELAY_TABLE: &str = "100";
 /// Interface name of a peer's end of its link.
 const PEER_DEVICE: &str = "eth0";
+/// Priority of the partition's blackhole rules: before the rules that send packets into the
+/// delay stage, so a cut packet never enters it, and one already held there is dropped when
+/// it comes back out.
+const PARTITION_PREF: &str = "50";
 
 /// Harnesses created by this process so far; part of each harness's namespace names.
 static HARNESS_COUNT: AtomicU32 = AtomicU32::new(0);
@@ -59,6 +64,8 @@ pub struct Harness {
     /// Namespaces created so far, deleted on drop even when building stopped half way.
     created: Vec<String>,
     delay_stage: Option<DelayStage>,
+    /// The directions of traffic the current partition drops.
+    cuts: Vec<Cut>,
 }
 
 /// The running `murmur-netem delay` process and the lines it prints.
@@ -97,6 +104,7 @@ impl Harness {
             peers,
             created: Vec::new(),
             delay_stage: None,
+            cuts: Vec::new(),
         };
         // On any error below, dropping `harness` removes what was created.
         harness.create_namespaces()?;
@@ -179,6 +187,57 @@ impl Harness {
             detail: format!("no stats line; last output {last:?}"),
         })?;
         parse_stats(&line)
+    }
+
+    /// Splits the network into `groups`: from now on, packets between peers of different
+    /// groups are dropped silently, both ways, including those the delay stage holds. Traffic
+    /// within a group, and to or from a peer in no group, passes. Replaces any earlier
+    /// partition.
+    ///
+    /// Fails when a group names a peer the network does not have, or a peer twice; then the
+    /// network is left as it was.
+    pub fn partition(&mut self, groups: &[&[usize]]) -> Result<(), HarnessError> {
+        let wanted = cuts(groups, self.peers.len())?;
+        self.heal()?;
+        for cut in wanted {
+            self.cut_rule("add", cut)?;
+            self.cuts.push(cut);
+        }
+        Ok(())
+    }
+
+    /// Ends the partition, if any: every peer reaches every other again.
+    pub fn heal(&mut self) -> Result<(), HarnessError> {
+        while let Some(&cut) = self.cuts.last() {
+            self.cut_rule("del", cut)?;
+            self.cuts.pop();
+        }
+        Ok(())
+    }
+
+    /// Whether a partition is in force.
+    pub fn is_partitioned(&self) -> bool {
+        !self.cuts.is_empty()
+    }
+
+    /// Adds or deletes the router's blackhole rule of one direction of a cut.
+    fn cut_rule(&self, verb: &str, cut: Cut) -> Result<(), HarnessError> {
+        let from = peer_address(cut.from).to_string();
+        let to = peer_address(cut.to).to_string();
+        ip_in(
+            &self.router,
+            &[
+                "rule",
+                verb,
+                "from",
+                &from,
+                "to",
+                &to,
+                "blackhole",
+                "pref",
+                PARTITION_PREF,
+            ],
+        )
     }
 
     fn create_namespaces(&mut self) -> Result<(), HarnessError> {

@@ -5,7 +5,9 @@ mod error;
 mod exec;
 mod harness;
 pub mod packet;
+mod partition;
 mod probe;
+pub mod scenario;
 pub mod topology;
 
 #[cfg(test)]

@@ -1,0 +1,288 @@
+//! The averaging scenarios' plots: round times against the bandwidth bound
+//! (`butterfly-efficiency.png`) and round times in round trips (`latency.png`).
+//!
+//! Text needs DejaVu Sans, read at run time from Debian's `fonts-dejavu-core`
+//! (`scripts/setup.sh` installs it); without it the plots are drawn without text and the
+//! error says so.
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+
+/// Where the font is looked for.
+const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+/// The family the font is registered under; only text styled with it is drawn.
+const FONT_FAMILY: &str = "murmur-netns-dejavu-sans";
+/// Image size in pixels.
+const SIZE: (u32, u32) = (960, 640);
+
+/// One configuration's rounds against its bound.
+#[derive(Debug, Clone)]
+pub(super) struct EfficiencyPoint {
+    /// What the points are, e.g. `N=4 f32`.
+    pub(super) label: String,
+    /// `2(N−1)/N·S/B` with `S` the f32 size, seconds.
+    pub(super) bound_s: f64,
+    /// Every round's time, seconds.
+    pub(super) round_times_s: Vec<f64>,
+}
+
+/// One collective's rounds.
+#[derive(Debug, Clone)]
+pub(super) struct LatencySeries {
+    /// The collective.
+    pub(super) label: String,
+    /// Every round's time, seconds.
+    pub(super) round_times_s: Vec<f64>,
+}
+
+/// Registers the font once per process; the error says why there is none.
+fn register_font() -> Result<(), String> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let bytes = std::fs::read(FONT_PATH).map_err(|e| format!("{FONT_PATH}: {e}"))?;
+            // plotters keeps registered fonts for the life of the process and wants
+            // 'static bytes; this happens at most once.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes)
+                .map_err(|_| format!("{FONT_PATH} is not a font plotters can read"))
+        })
+        .clone()
+}
+
+/// Round time (y) against the bound (x), every round a point, one colour per
+/// configuration; the line `y = x` is the bound itself.
+/// Returns a note when it had to be drawn without text.
+pub(super) fn efficiency(
+    path: &Path,
+    points: &[EfficiencyPoint],
+) -> anyhow::Result<Option<String>> {
+    let text = register_font().is_ok();
+    let x_max = points.iter().map(|p| p.bound_s).fold(0.1, f64::max) * 1.15;
+    let y_max = points
+        .iter()
+        .flat_map(|p| p.round_times_s.iter().copied())
+        .filter(|t| t.is_finite())
+        .fold(x_max, f64::max)
+        * 1.1;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20);
+    if text {
+        builder
+            .caption(
+                "butterfly all-reduce: round time against the bound",
+                (FONT_FAMILY, 20),
+            )
+            .x_label_area_size(50)
+            .y_label_area_size(60);
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("bound 2(N−1)/N · S/B, S = f32 bytes (s)")
+            .y_desc("round time (s)")
+            .label_style((FONT_FAMILY, 14))
+            .axis_desc_style((FONT_FAMILY, 16));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw()?;
+    let line = BLACK.stroke_width(1);
+    let series = chart.draw_series(DashedLineSeries::new(
+        [(0.0, 0.0), (x_max, x_max)],
+        8,
+        6,
+        line,
+    ))?;
+    if text {
+        series
+            .label("round time = bound (busbw = B)")
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], line));
+    }
+    for (i, point) in points.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let dots = point
+            .round_times_s
+            .iter()
+            .map(|&t| Circle::new((point.bound_s, t), 5, color.filled()));
+        let series = chart.draw_series(dots)?;
+        if text {
+            series
+                .label(point.label.clone())
+                .legend(move |(x, y)| Circle::new((x + 9, y), 5, color.filled()));
+        }
+    }
+    finish(&mut chart, text)?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    no_text_note(path, text)
+}
+
+/// Round time in round trips (y) against the round (x), one line per collective, with
+/// horizontal lines at `marks` (round trips, label) and at the bandwidth bound. Returns a
+/// note when it had to be drawn without text.
+pub(super) fn latency(
+    path: &Path,
+    series: &[LatencySeries],
+    rtt: Duration,
+    marks: &[(f64, &str)],
+    bandwidth_bound_s: f64,
+) -> anyhow::Result<Option<String>> {
+    let text = register_font().is_ok();
+    let rtt_s = rtt.as_secs_f64();
+    let rounds = series
+        .iter()
+        .map(|s| s.round_times_s.len())
+        .max()
+        .unwrap_or(1);
+    let x_max = rounds.saturating_sub(1).max(1) as f64;
+    let y_max = series
+        .iter()
+        .flat_map(|s| s.round_times_s.iter().map(|t| t / rtt_s))
+        .chain(marks.iter().map(|m| m.0))
+        .filter(|y| y.is_finite())
+        .fold(1.0, f64::max)
+        * 1.15;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20);
+    if text {
+        builder
+            .caption(
+                format!(
+                    "averaging a small vector with {} ms round trips",
+                    rtt.as_millis()
+                ),
+                (FONT_FAMILY, 20),
+            )
+            .x_label_area_size(50)
+            .y_label_area_size(60);
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("round")
+            .y_desc("round time (round trips)")
+            .label_style((FONT_FAMILY, 14))
+            .axis_desc_style((FONT_FAMILY, 16));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw()?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let points: Vec<(f64, f64)> = s
+            .round_times_s
+            .iter()
+            .enumerate()
+            .map(|(round, t)| (round as f64, t / rtt_s))
+            .collect();
+        let drawn = chart.draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?;
+        if text {
+            drawn
+                .label(s.label.clone())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+        }
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 4, color.filled())),
+        )?;
+    }
+    let bandwidth = (bandwidth_bound_s / rtt_s, "bandwidth bound 2(N−1)/N·S/B");
+    for (i, &(y, label)) in marks.iter().chain([&bandwidth]).enumerate() {
+        let style = Palette99::pick(i + 5).to_rgba().stroke_width(1);
+        let drawn =
+            chart.draw_series(DashedLineSeries::new([(0.0, y), (x_max, y)], 8, 6, style))?;
+        if text {
+            drawn
+                .label(format!("{label}: {y:.2} RTT"))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+        }
+    }
+    finish(&mut chart, text)?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    no_text_note(path, text)
+}
+
+/// Draws the legend when there is text.
+fn finish<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    text: bool,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    if text {
+        chart
+            .configure_series_labels()
+            .label_font((FONT_FAMILY, 14))
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+    }
+    Ok(())
+}
+
+/// A plot drawn without its font is still written; the note says why it has no text.
+fn no_text_note(path: &Path, text: bool) -> anyhow::Result<Option<String>> {
+    if text {
+        return Ok(None);
+    }
+    let why = register_font().err().unwrap_or_default();
+    Ok(Some(format!(
+        "{} has no text: no font ({why}); install fonts-dejavu-core",
+        path.display()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_plots_are_written_as_png() {
+        let dir = std::env::temp_dir().join(format!("murmur-netns-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let efficiency_png = dir.join("e.png");
+        let points = [EfficiencyPoint {
+            label: "N=4 f32".into(),
+            bound_s: 4.0,
+            round_times_s: vec![5.0, 4.5, 4.6],
+        }];
+        let latency_png = dir.join("l.png");
+        let series = [LatencySeries {
+            label: "butterfly".into(),
+            round_times_s: vec![0.2, 0.1, 0.11],
+        }];
+        let results = [
+            efficiency(&efficiency_png, &points),
+            latency(
+                &latency_png,
+                &series,
+                Duration::from_millis(50),
+                &[(3.0, "bar")],
+                0.001,
+            ),
+        ];
+        for (png, result) in [&efficiency_png, &latency_png].iter().zip(results) {
+            // Without the font the plot is still written, with a note that says so.
+            if let Some(note) = result.unwrap() {
+                assert!(note.contains("no text"), "{note}");
+            }
+            let bytes = std::fs::read(png).unwrap();
+            assert_eq!(&bytes[1..4], b"PNG", "{}", png.display());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

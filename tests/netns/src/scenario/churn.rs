@@ -1,0 +1,521 @@
+//! Churn soak: a swarm training with SGP (the default mode, made for churn) while `murmur local --churn` kills a
+//! random peer (`kill -9`) every 2 to 5 s and restarts it 2 s later, against a churn-free run
+//! of the same steps on the same network.
+//!
+//! Acceptance, on the survivors (peers never killed; peer 0 never is): no 10 s without a
+//! completed averaging round, from their first round to their end; no hung process (`murmur
+//! local` ends within its bound and every peer ends finished, none killed for silence);
+//! resident memory at the end at most 10% above its level after the warm-up; and the final
+//! eval loss within 5% of the churn-free run's.
+//!
+//! The short version trains two minutes on 6 peers; the long one 30 minutes on 8, in
+//! release. Both write `churn-rss.png`, `churn-round-gaps.png` and `churn-runs.csv`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use serde_json::{Value, json};
+
+use super::fault_plot::{self, Series};
+use super::peer_lines::{BackgroundSwarm, PeerLines, SwarmEnd};
+use super::{Report, ScenarioOptions, write_hosts_file};
+use crate::{Harness, LinkShape, Topology};
+
+/// The longest a survivor may go without a completed averaging round (with SGP: without a
+/// neighbour's share folded in).
+const MAX_ROUND_GAP_S: f64 = 10.0;
+/// The most resident memory may grow after the warm-up.
+const MAX_RSS_GROWTH: f64 = 0.10;
+/// How far the final eval loss may be from the churn-free run's.
+const MAX_LOSS_GAP: f64 = 0.05;
+/// Resident memory levels are medians over this long.
+const RSS_WINDOW_MS: u64 = 10_000;
+
+/// How one version runs.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    peers: usize,
+    steps: u64,
+    synthetic_step_ms: u64,
+    /// From a survivor's first round; its memory after this is the reference.
+    warm_up: Duration,
+    /// Fewest kills for the run to count as a churn soak.
+    min_kills: usize,
+    /// A run still going after this is stopped, and counts as hung.
+    limit: Duration,
+}
+
+impl Plan {
+    /// The long version trains 30 minutes (9,000 steps of at least 200 ms), the short one
+    /// 2 minutes (600 steps); a step is synthetic, so the pace is the config's, not the CPU's.
+    fn new(long: bool) -> Plan {
+        if long {
+            Plan {
+                peers: 8,
+                steps: 9000,
+                synthetic_step_ms: 200,
+                warm_up: Duration::from_secs(300),
+                min_kills: 300,
+                limit: Duration::from_secs(3600),
+            }
+        } else {
+            Plan {
+                peers: 6,
+                steps: 600,
+                synthetic_step_ms: 200,
+                warm_up: Duration::from_secs(30),
+                min_kills: 20,
+                limit: Duration::from_secs(420),
+            }
+        }
+    }
+
+    fn args(&self, churn: bool) -> Vec<String> {
+        let mut args: Vec<String> = [
+            "--mode",
+            "sgp",
+            "--steps",
+            &self.steps.to_string(),
+            "--synthetic-step-ms",
+            &self.synthetic_step_ms.to_string(),
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        if churn {
+            args.extend(["--churn", "--churn-every", "2-5"].map(str::to_owned));
+        }
+        args
+    }
+}
+
+/// What one survivor did in the churn run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Survivor {
+    /// The peer's index.
+    pub peer: usize,
+    /// Averaging rounds it completed with at least one other peer.
+    pub rounds: usize,
+    /// The longest time without one, in seconds, from its first round to its end.
+    pub longest_gap_s: f64,
+    /// Its resident memory after the warm-up, and at the end (medians over 10 s); `None`
+    /// when it did not train past the warm-up or reported no memory.
+    pub rss_bytes: Option<(u64, u64)>,
+    /// The largest resident memory it reported after the warm-up.
+    pub rss_peak_bytes: Option<u64>,
+    /// Its final eval loss.
+    pub final_eval_loss: Option<f64>,
+}
+
+impl Survivor {
+    /// How much its memory grew from the warm-up to the end, as a fraction.
+    pub fn rss_growth(&self) -> Option<f64> {
+        let (warm, end) = self.rss_bytes?;
+        Some(end as f64 / warm.max(1) as f64 - 1.0)
+    }
+}
+
+/// One run's totals.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunTotals {
+    /// Seconds `murmur local` ran.
+    pub wall_s: f64,
+    /// Every peer ended finished.
+    pub all_finished: bool,
+    /// What peers that did not finish said, and notes of peers killed for silence.
+    pub problems: Vec<String>,
+    /// Peer 0's final eval loss.
+    pub final_eval_loss: Option<f64>,
+    /// Kills (restarts) over all peers.
+    pub kills: usize,
+    /// The longest time peer 0 went without a completed averaging round, in seconds.
+    pub longest_gap_s: f64,
+}
+
+/// What the scenario measured.
+#[derive(Debug, Clone)]
+pub struct ChurnReport {
+    long: bool,
+    min_kills: usize,
+    /// The run without churn.
+    pub calm: RunTotals,
+    /// The run with churn.
+    pub churn: RunTotals,
+    /// The churn run's survivors.
+    pub survivors: Vec<Survivor>,
+}
+
+/// Runs the scenario: a churn-free run, then the churn run, on one network.
+pub fn run(options: &ScenarioOptions) -> anyhow::Result<ChurnReport> {
+    let plan = Plan::new(options.long);
+    let link = LinkShape {
+        rate_bits_per_sec: Some(100_000_000),
+        delay: Duration::from_millis(if options.long { 10 } else { 5 }),
+        loss: 0.0,
+    };
+    let harness = Harness::build(Topology::uniform(plan.peers, link), &options.netem)
+        .context("cannot build the network")?;
+    let hosts = options.out.join("churn-hosts.toml");
+    write_hosts_file(&harness, &hosts)?;
+
+    let (calm, calm_in_time) = run_one(options, &hosts, &plan, "churn-free")?;
+    let (churn, churn_in_time) = run_one(options, &hosts, &plan, "churn")?;
+    let survivors = survivors(&churn.lines, plan.warm_up);
+    let report = ChurnReport {
+        long: options.long,
+        min_kills: plan.min_kills,
+        calm: totals(&calm, calm_in_time, plan.limit),
+        churn: totals(&churn, churn_in_time, plan.limit),
+        survivors,
+    };
+    write_outputs(&options.out, &calm, &churn, &report)?;
+    Ok(report)
+}
+
+/// One run to its end; a run past the plan's limit is stopped with SIGINT and reported as
+/// not finished (its peers end `stopped`).
+fn run_one(
+    options: &ScenarioOptions,
+    hosts: &Path,
+    plan: &Plan,
+    name: &str,
+) -> anyhow::Result<(SwarmEnd, bool)> {
+    let mut swarm = BackgroundSwarm::start(
+        options,
+        hosts,
+        name,
+        plan.peers,
+        &plan.args(name == "churn"),
+    )?;
+    let in_time = swarm.exited_within(plan.limit)?;
+    if !in_time {
+        swarm.interrupt()?;
+    }
+    Ok((swarm.finish(Duration::from_secs(60))?, in_time))
+}
+
+/// Peers that printed `ready` once: never killed.
+fn survivors(lines: &[PeerLines], warm_up: Duration) -> Vec<Survivor> {
+    let mut survivors = Vec::new();
+    for (peer, l) in lines.iter().enumerate() {
+        if l.readies.len() != 1 {
+            continue;
+        }
+        let averaged = l.averaged_at();
+        let first_round = averaged.first().copied();
+        let warm_end = first_round.map(|at| at + warm_up.as_millis() as u64);
+        let last = l.progress.last().map(|p| p.at_ms);
+        let rss_between = |from: u64, to: u64| {
+            let mut values: Vec<u64> = l
+                .progress
+                .iter()
+                .filter(|p| (from..=to).contains(&p.at_ms))
+                .filter_map(|p| p.rss_bytes)
+                .collect();
+            values.sort_unstable();
+            values.get(values.len() / 2).copied()
+        };
+        // Only a survivor that trained a whole window past its warm-up has a level to compare.
+        let rss_bytes = match (warm_end, last) {
+            (Some(warm_end), Some(last)) if last >= warm_end + RSS_WINDOW_MS => {
+                rss_between(warm_end - RSS_WINDOW_MS, warm_end)
+                    .zip(rss_between(last - RSS_WINDOW_MS, last))
+            }
+            _ => None,
+        };
+        let peak = warm_end.and_then(|warm_end| {
+            l.progress
+                .iter()
+                .filter(|p| p.at_ms >= warm_end)
+                .filter_map(|p| p.rss_bytes)
+                .max()
+        });
+        survivors.push(Survivor {
+            peer,
+            rounds: averaged.len(),
+            longest_gap_s: longest_gap_s(l),
+            rss_bytes,
+            rss_peak_bytes: peak,
+            final_eval_loss: l.dones.last().and_then(|d| d.final_eval_loss),
+        });
+    }
+    survivors
+}
+
+/// The longest time without a completed averaging round, from the first to the peer's
+/// `done` (or its last line).
+fn longest_gap_s(lines: &PeerLines) -> f64 {
+    let mut times = lines.averaged_at();
+    if times.is_empty() {
+        return f64::INFINITY;
+    }
+    let end = lines
+        .dones
+        .last()
+        .map(|d| d.at_ms)
+        .or_else(|| lines.progress.last().map(|p| p.at_ms));
+    times.extend(end);
+    times
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]) as f64 / 1000.0)
+        .fold(0.0, f64::max)
+}
+
+fn totals(end: &SwarmEnd, in_time: bool, limit: Duration) -> RunTotals {
+    let mut problems = Vec::new();
+    if !in_time {
+        problems.push(format!(
+            "still running after {:.0} s; stopped",
+            limit.as_secs_f64()
+        ));
+    }
+    let mut all_finished = in_time && end.status.success();
+    if !end.status.success() {
+        problems.push(format!("murmur local exited with {}", end.status));
+    }
+    let mut wall_s = 0.0;
+    match &end.summary {
+        None => {
+            all_finished = false;
+            problems.push("murmur local printed no summary".into());
+        }
+        Some(summary) => {
+            wall_s = summary["wall_s"].as_f64().unwrap_or(0.0);
+            for peer in summary["peer_results"].as_array().into_iter().flatten() {
+                if peer["status"].as_str() != Some("finished") {
+                    all_finished = false;
+                    problems.push(format!(
+                        "peer {} {}: {}",
+                        peer["peer"],
+                        peer["status"].as_str().unwrap_or("?"),
+                        peer["error"].as_str().unwrap_or("no reason given")
+                    ));
+                }
+            }
+            for note in summary["notes"].as_array().into_iter().flatten() {
+                if let Some(note) = note.as_str().filter(|n| n.contains("silent for")) {
+                    all_finished = false;
+                    problems.push(note.to_owned());
+                }
+            }
+        }
+    }
+    RunTotals {
+        wall_s,
+        all_finished,
+        problems,
+        final_eval_loss: end
+            .lines
+            .first()
+            .and_then(|l| l.dones.last())
+            .and_then(|d| d.final_eval_loss),
+        kills: end
+            .lines
+            .iter()
+            .map(|l| l.readies.len().saturating_sub(1))
+            .sum(),
+        longest_gap_s: end.lines.first().map_or(f64::INFINITY, longest_gap_s),
+    }
+}
+
+impl Report for ChurnReport {
+    fn to_json(&self) -> Value {
+        let run = |r: &RunTotals| {
+            json!({
+                "wall_s": r.wall_s,
+                "all_finished": r.all_finished,
+                "problems": r.problems,
+                "final_eval_loss_peer0": r.final_eval_loss,
+                "kills": r.kills,
+                "longest_round_gap_s_peer0": r.longest_gap_s,
+            })
+        };
+        let survivors: Vec<Value> = self
+            .survivors
+            .iter()
+            .map(|s| {
+                json!({
+                    "peer": s.peer,
+                    "rounds": s.rounds,
+                    "longest_round_gap_s": s.longest_gap_s,
+                    "rss_after_warm_up_bytes": s.rss_bytes.map(|r| r.0),
+                    "rss_end_bytes": s.rss_bytes.map(|r| r.1),
+                    "rss_peak_bytes": s.rss_peak_bytes,
+                    "rss_growth": s.rss_growth(),
+                    "final_eval_loss": s.final_eval_loss,
+                })
+            })
+            .collect();
+        json!({
+            "scenario": "churn",
+            "version": if self.long { "long" } else { "ci" },
+            "churn_free": run(&self.calm),
+            "churn": run(&self.churn),
+            "final_loss_ratio": self.loss_ratio(),
+            "survivors": survivors,
+        })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        for (name, run) in [("churn-free", &self.calm), ("churn", &self.churn)] {
+            if !run.all_finished {
+                return Err(format!("{name} run: {}", run.problems.join("; ")));
+            }
+        }
+        if self.churn.kills < self.min_kills {
+            return Err(format!(
+                "only {} kills in the churn run; at least {} expected",
+                self.churn.kills, self.min_kills
+            ));
+        }
+        if self.survivors.is_empty() {
+            return Err("no survivor: peer 0 was restarted".into());
+        }
+        for s in &self.survivors {
+            if s.longest_gap_s > MAX_ROUND_GAP_S {
+                return Err(format!(
+                    "survivor {} went {:.1} s without a completed averaging round (at most \
+                     {MAX_ROUND_GAP_S} s)",
+                    s.peer, s.longest_gap_s
+                ));
+            }
+            let (Some(growth), Some((warm, end))) = (s.rss_growth(), s.rss_bytes) else {
+                return Err(format!(
+                    "survivor {} did not train {:.0} s past its warm-up, or reported no \
+                     memory: no growth to measure",
+                    s.peer,
+                    RSS_WINDOW_MS as f64 / 1000.0
+                ));
+            };
+            if growth >= MAX_RSS_GROWTH {
+                return Err(format!(
+                    "survivor {}'s resident memory grew {:.1}% after the warm-up ({warm} -> \
+                     {end} bytes; at most {:.0}%)",
+                    s.peer,
+                    growth * 100.0,
+                    MAX_RSS_GROWTH * 100.0
+                ));
+            }
+        }
+        match self.loss_ratio() {
+            Some(ratio) if (ratio - 1.0).abs() <= MAX_LOSS_GAP => Ok(()),
+            ratio => Err(format!(
+                "final eval loss {:?} with churn against {:?} without: ratio {ratio:?}, \
+                 expected within {:.0}%",
+                self.churn.final_eval_loss,
+                self.calm.final_eval_loss,
+                MAX_LOSS_GAP * 100.0
+            )),
+        }
+    }
+}
+
+impl ChurnReport {
+    /// Peer 0's final eval loss with churn over without.
+    pub fn loss_ratio(&self) -> Option<f64> {
+        Some(self.churn.final_eval_loss? / self.calm.final_eval_loss?)
+    }
+}
+
+/// `churn-runs.csv`, `churn-rss.png` (every peer's memory, survivors apart) and
+/// `churn-round-gaps.png` (peer 0's time since its previous round, with and without churn).
+fn write_outputs(
+    out: &Path,
+    calm: &SwarmEnd,
+    churn: &SwarmEnd,
+    report: &ChurnReport,
+) -> anyhow::Result<()> {
+    let mut csv = String::from(
+        "run,wall_s,kills,final_eval_loss_peer0,longest_round_gap_s_peer0,all_finished\n",
+    );
+    for (name, run) in [("churn-free", &report.calm), ("churn", &report.churn)] {
+        csv.push_str(&format!(
+            "{name},{:.1},{},{},{:.2},{}\n",
+            run.wall_s,
+            run.kills,
+            run.final_eval_loss
+                .map_or(String::new(), |l| format!("{l:.4}")),
+            run.longest_gap_s,
+            run.all_finished
+        ));
+    }
+    let csv_path = out.join("churn-runs.csv");
+    std::fs::write(&csv_path, csv)
+        .with_context(|| format!("cannot write {}", csv_path.display()))?;
+
+    let origin = |end: &SwarmEnd| {
+        end.lines
+            .iter()
+            .filter_map(|l| l.readies.first().map(|r| r.at_ms))
+            .min()
+            .unwrap_or(0)
+    };
+    let churn_origin = origin(churn);
+    let rss: Vec<Series> = churn
+        .lines
+        .iter()
+        .map(|l| {
+            let survivor = l.readies.len() == 1;
+            Series {
+                label: if survivor {
+                    "survivors".into()
+                } else {
+                    "churned peers".into()
+                },
+                group: usize::from(!survivor),
+                points: l
+                    .progress
+                    .iter()
+                    .filter_map(|p| {
+                        Some((
+                            (p.at_ms - churn_origin) as f64 / 1000.0,
+                            p.rss_bytes? as f64 / (1u64 << 20) as f64,
+                        ))
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let mut notes = Vec::new();
+    notes.extend(fault_plot::lines_over_time(
+        &out.join("churn-rss.png"),
+        "resident memory under churn (kill -9 every 2-5 s)",
+        "MiB",
+        &rss,
+        &[],
+        None,
+        false,
+    )?);
+    let gaps = |end: &SwarmEnd, label: &str, group: usize| {
+        let start = origin(end);
+        let mut points = Vec::new();
+        if let Some(l) = end.lines.first() {
+            let times = l.averaged_at();
+            for w in times.windows(2) {
+                points.push((
+                    (w[1] - start) as f64 / 1000.0,
+                    (w[1] - w[0]) as f64 / 1000.0,
+                ));
+            }
+        }
+        Series {
+            label: label.into(),
+            group,
+            points,
+        }
+    };
+    notes.extend(fault_plot::lines_over_time(
+        &out.join("churn-round-gaps.png"),
+        "peer 0: seconds since its previous completed averaging round",
+        "seconds",
+        &[gaps(calm, "churn-free", 0), gaps(churn, "churn", 1)],
+        &[],
+        Some(MAX_ROUND_GAP_S),
+        false,
+    )?);
+    for note in notes {
+        eprintln!("churn: {note}");
+    }
+    Ok(())
+}

@@ -1,0 +1,287 @@
+//! The training scenarios' plots: the swarm's mean eval loss over wall time, one line per
+//! mode (`loss-over-time.png`), and aggregate throughput without and with a straggler, two
+//! bars per mode (`throughput-stragglers.png`).
+//!
+//! Text needs DejaVu Sans, read at run time from Debian's `fonts-dejavu-core`
+//! (`scripts/setup.sh` installs it); without it the plots are drawn without text and the
+//! returned note says so.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use anyhow::Context as _;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// Where the font is looked for.
+const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+/// The family the font is registered under; only text styled with it is drawn.
+const FONT_FAMILY: &str = "murmur-netns-swarm-dejavu-sans";
+/// Image size in pixels.
+const SIZE: (u32, u32) = (960, 640);
+
+/// One mode's loss curve.
+#[derive(Debug, Clone)]
+pub(crate) struct LossCurve {
+    /// The legend entry, e.g. `sgp`.
+    pub(crate) label: String,
+    /// `(wall seconds, mean eval loss)`.
+    pub(crate) points: Vec<(f64, f64)>,
+}
+
+/// One mode's aggregate throughput without and with a straggler.
+#[derive(Debug, Clone)]
+pub(crate) struct ThroughputBars {
+    /// The mode.
+    pub(crate) mode: String,
+    /// Samples per second without a straggler.
+    pub(crate) baseline: f64,
+    /// Samples per second with one.
+    pub(crate) straggled: f64,
+    /// What the swarm would keep if only the straggler's own share were lost.
+    pub(crate) ideal: f64,
+}
+
+/// Registers the font once per process; the error says why there is none.
+fn register_font() -> Result<(), String> {
+    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let bytes = std::fs::read(FONT_PATH).map_err(|e| format!("{FONT_PATH}: {e}"))?;
+            // plotters keeps registered fonts for the life of the process and wants
+            // 'static bytes; this happens at most once.
+            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+            plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes)
+                .map_err(|_| format!("{FONT_PATH} is not a font plotters can read"))
+        })
+        .clone()
+}
+
+fn no_text_note(path: &Path, text: bool) -> anyhow::Result<Option<String>> {
+    Ok((!text).then(|| {
+        format!(
+            "{} has no text: no font at {FONT_PATH}; install fonts-dejavu-core",
+            path.display()
+        )
+    }))
+}
+
+/// The mean eval loss over wall time, one line per curve, and the task's loss floor dashed.
+/// Returns a note when it had to be drawn without text.
+pub(crate) fn loss_over_time(
+    path: &Path,
+    title: &str,
+    curves: &[LossCurve],
+    floor: Option<f64>,
+) -> anyhow::Result<Option<String>> {
+    let text = register_font().is_ok();
+    let all = || curves.iter().flat_map(|c| c.points.iter().copied());
+    let x_max = all().map(|p| p.0).fold(1.0, f64::max) * 1.05;
+    let y_max = all().map(|p| p.1).fold(f64::MIN, f64::max).max(0.1) * 1.05;
+    let y_min = all()
+        .map(|p| p.1)
+        .chain(floor)
+        .fold(f64::MAX, f64::min)
+        .min(y_max * 0.9)
+        * 0.95;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = chart_on(&root, title, text, 0.0..x_max, y_min..y_max)?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc("wall time since the swarm started (s)")
+            .y_desc("eval loss, mean over peers")
+            .label_style((FONT_FAMILY, 14))
+            .axis_desc_style((FONT_FAMILY, 16));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw()?;
+    for (i, curve) in curves.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let drawn = chart.draw_series(LineSeries::new(
+            curve.points.iter().copied(),
+            color.stroke_width(2),
+        ))?;
+        if text {
+            drawn
+                .label(curve.label.clone())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
+        }
+    }
+    if let Some(floor) = floor {
+        let style = BLACK.stroke_width(1);
+        let drawn = chart.draw_series(DashedLineSeries::new(
+            [(0.0, floor), (x_max, floor)],
+            8,
+            6,
+            style,
+        ))?;
+        if text {
+            drawn
+                .label("the task's loss floor")
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT_FAMILY, 14))
+            .draw()?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    no_text_note(path, text)
+}
+
+/// Two bars per mode (without and with the straggler) and a dashed mark at the ideal.
+/// Returns a note when it had to be drawn without text.
+pub(crate) fn throughput_bars(
+    path: &Path,
+    title: &str,
+    bars: &[ThroughputBars],
+) -> anyhow::Result<Option<String>> {
+    let text = register_font().is_ok();
+    let x_max = bars.len().max(1) as f64;
+    let y_max = bars
+        .iter()
+        .flat_map(|b| [b.baseline, b.straggled, b.ideal])
+        .filter(|v| v.is_finite())
+        .fold(1.0, f64::max)
+        * 1.4;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = chart_on(&root, title, text, 0.0..x_max, 0.0..y_max)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.disable_x_mesh().x_labels(0);
+    if text {
+        mesh.y_desc("aggregate samples/s")
+            .label_style((FONT_FAMILY, 14))
+            .axis_desc_style((FONT_FAMILY, 16));
+    } else {
+        mesh.y_labels(0);
+    }
+    mesh.draw()?;
+    let baseline = Palette99::pick(0).to_rgba();
+    let straggled = Palette99::pick(1).to_rgba();
+    let ideal = BLACK.stroke_width(2);
+    for (i, bar) in bars.iter().enumerate() {
+        let x = i as f64;
+        // The legend lists each kind of mark once: from the first mode's.
+        let legend = text && i == 0;
+        let drawn = chart.draw_series([Rectangle::new(
+            [(x + 0.15, 0.0), (x + 0.5, bar.baseline)],
+            baseline.filled(),
+        )])?;
+        if legend {
+            drawn.label("no straggler").legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 14, y + 5)], baseline.filled())
+            });
+        }
+        let drawn = chart.draw_series([Rectangle::new(
+            [(x + 0.5, 0.0), (x + 0.85, bar.straggled)],
+            straggled.filled(),
+        )])?;
+        if legend {
+            drawn.label("one peer 4x slower").legend(move |(x, y)| {
+                Rectangle::new([(x, y - 5), (x + 14, y + 5)], straggled.filled())
+            });
+        }
+        let drawn = chart.draw_series(DashedLineSeries::new(
+            [(x + 0.45, bar.ideal), (x + 0.9, bar.ideal)],
+            6,
+            4,
+            ideal,
+        ))?;
+        if legend {
+            drawn
+                .label("only the straggler's share lost")
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], ideal));
+        }
+        if text {
+            let top = bar.baseline.max(bar.straggled).max(bar.ideal);
+            chart.draw_series([Text::new(
+                bar.mode.clone(),
+                (x + 0.4, top + y_max * 0.06),
+                (FONT_FAMILY, 18),
+            )])?;
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FONT_FAMILY, 14))
+            .draw()?;
+    }
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    no_text_note(path, text)
+}
+
+type Chart<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A chart with a caption and label areas when there is text, bare otherwise.
+fn chart_on<'a, DB: DrawingBackend + 'a>(
+    root: &'a DrawingArea<DB, Shift>,
+    title: &str,
+    text: bool,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> anyhow::Result<Chart<'a, DB>>
+where
+    DB::ErrorType: 'static,
+{
+    let mut builder = ChartBuilder::on(root);
+    builder.margin(20);
+    if text {
+        builder
+            .caption(title, (FONT_FAMILY, 20))
+            .x_label_area_size(50)
+            .y_label_area_size(70);
+    }
+    Ok(builder.build_cartesian_2d(x, y)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_plots_are_drawn_as_png_files() {
+        let dir = tempfile_dir();
+        let bars = [ThroughputBars {
+            mode: "sgp".into(),
+            baseline: 120.0,
+            straggled: 110.0,
+            ideal: 108.75,
+        }];
+        let path = dir.join("bars.png");
+        throughput_bars(&path, "bars", &bars).unwrap();
+        let curves = [LossCurve {
+            label: "sgp".into(),
+            points: vec![(1.0, 3.4), (5.0, 2.0), (9.0, 1.4)],
+        }];
+        let loss = dir.join("loss.png");
+        loss_over_time(&loss, "loss", &curves, Some(1.05)).unwrap();
+        for file in [path, loss] {
+            let bytes = std::fs::read(&file).unwrap();
+            assert!(bytes.starts_with(b"\x89PNG"), "{}", file.display());
+        }
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    fn tempfile_dir() -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("murmur-netns-plot-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
