@@ -10,8 +10,8 @@
 //! `drift` (docs/progress.md) is how far the peer's parameters were from its group's mean:
 //! the consensus distance. Halves that train apart drift apart; after the heal the first
 //! whole-swarm rounds see that distance, and the outer steps pull it back in. The level
-//! before the split is the median drift of every peer's last [`LEVEL_ROUNDS`] whole-swarm
-//! rounds before it; "back" means at most [`RECOVERED_FACTOR`] times that level.
+//! before the split is the median drift of every peer's last 3 whole-swarm
+//! rounds before it; "back" means at most 1.5 times that level.
 //!
 //! The short version stops once every peer is back (or 20 rounds after the heal); the long
 //! one runs 40 rounds past the heal on slower links and plots the whole run.
