@@ -7,14 +7,11 @@
 //! returned note says so.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use plotters::prelude::*;
 
-/// Where the font is looked for.
-const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-/// The family the font is registered under; only text styled with it is drawn.
-const FONT_FAMILY: &str = "murmur-netns-fault-dejavu-sans";
+use crate::scenario::font::{FONT_FAMILY, FONT_PATH, register_font};
+
 /// Image size in pixels.
 const SIZE: (u32, u32) = (1100, 620);
 /// Colours of the groups, in order.
@@ -45,21 +42,6 @@ pub(crate) struct Band {
     pub(crate) to: f64,
     /// What it marks, in the legend.
     pub(crate) label: String,
-}
-
-/// Registers the font once per process; the error says why there is none.
-fn register_font() -> Result<(), String> {
-    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
-    REGISTERED
-        .get_or_init(|| {
-            let bytes = std::fs::read(FONT_PATH).map_err(|e| format!("{FONT_PATH}: {e}"))?;
-            // plotters keeps registered fonts for the life of the process and wants
-            // 'static bytes; this happens at most once.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes)
-                .map_err(|_| format!("{FONT_PATH} is not a font plotters can read"))
-        })
-        .clone()
 }
 
 /// Draws `series` over time into `path`, with `bands` shaded and `bound` dashed; with

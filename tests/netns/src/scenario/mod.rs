@@ -17,6 +17,7 @@ pub mod allreduce;
 pub mod churn;
 pub mod convergence;
 mod fault_plot;
+mod font;
 mod local_swarm;
 pub mod partition;
 mod peer_lines;

@@ -6,17 +6,14 @@
 //! error says so.
 
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-/// Where the font is looked for.
-const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-/// The family the font is registered under; only text styled with it is drawn.
-const FONT_FAMILY: &str = "murmur-netns-dejavu-sans";
+use crate::scenario::font::{FONT_FAMILY, register_font};
+
 /// Image size in pixels.
 const SIZE: (u32, u32) = (960, 640);
 
@@ -38,21 +35,6 @@ pub(super) struct LatencySeries {
     pub(super) label: String,
     /// Every round's time, seconds.
     pub(super) round_times_s: Vec<f64>,
-}
-
-/// Registers the font once per process; the error says why there is none.
-fn register_font() -> Result<(), String> {
-    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
-    REGISTERED
-        .get_or_init(|| {
-            let bytes = std::fs::read(FONT_PATH).map_err(|e| format!("{FONT_PATH}: {e}"))?;
-            // plotters keeps registered fonts for the life of the process and wants
-            // 'static bytes; this happens at most once.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes)
-                .map_err(|_| format!("{FONT_PATH} is not a font plotters can read"))
-        })
-        .clone()
 }
 
 /// Round time (y) against the bound (x), every round a point, one colour per
@@ -252,7 +234,10 @@ mod tests {
 
     #[test]
     fn both_plots_are_written_as_png() {
-        let dir = std::env::temp_dir().join(format!("murmur-netns-plot-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "murmur-netns-allreduce-plot-{}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let efficiency_png = dir.join("e.png");
         let points = [EfficiencyPoint {

@@ -7,16 +7,13 @@
 //! returned note says so.
 
 use std::path::Path;
-use std::sync::OnceLock;
 
 use anyhow::Context as _;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-/// Where the font is looked for.
-const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
-/// The family the font is registered under; only text styled with it is drawn.
-const FONT_FAMILY: &str = "murmur-netns-swarm-dejavu-sans";
+use crate::scenario::font::{FONT_FAMILY, FONT_PATH, register_font};
+
 /// Image size in pixels.
 const SIZE: (u32, u32) = (960, 640);
 
@@ -40,21 +37,6 @@ pub(crate) struct ThroughputBars {
     pub(crate) straggled: f64,
     /// What the swarm would keep if only the straggler's own share were lost.
     pub(crate) ideal: f64,
-}
-
-/// Registers the font once per process; the error says why there is none.
-fn register_font() -> Result<(), String> {
-    static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
-    REGISTERED
-        .get_or_init(|| {
-            let bytes = std::fs::read(FONT_PATH).map_err(|e| format!("{FONT_PATH}: {e}"))?;
-            // plotters keeps registered fonts for the life of the process and wants
-            // 'static bytes; this happens at most once.
-            let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
-            plotters::style::register_font(FONT_FAMILY, FontStyle::Normal, bytes)
-                .map_err(|_| format!("{FONT_PATH} is not a font plotters can read"))
-        })
-        .clone()
 }
 
 fn no_text_note(path: &Path, text: bool) -> anyhow::Result<Option<String>> {
@@ -280,7 +262,8 @@ mod tests {
     }
 
     fn tempfile_dir() -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("murmur-netns-plot-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("murmur-netns-swarm-plot-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
