@@ -306,3 +306,52 @@ fn a_peer_restarted_under_its_key_is_heard_again_once_the_stale_connection_is_cl
         }
     });
 }
+
+/// The same crash, but the restarted peer connects while the survivor still holds the
+/// dead connection (a restart quicker than the survivor's silence check). Its hello on the
+/// fresh connection tells the survivor it restarted, and the survivor closes the dead one
+/// at once (otherwise gossip to the restarted peer would go out on the dead connection
+/// until the QUIC idle timeout) and announces its topic again (gossip announces topics
+/// only on a first connection, so the restarted peer would never send it heartbeats).
+#[test]
+fn a_peer_restarted_under_its_key_hears_the_swarm_before_the_stale_connection_times_out() {
+    let authority = Authority::new();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (a, _a_in) = main.block_on(authority.spawn(1, InviteKind::Valid));
+
+    let crashed = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (b, b_in) = crashed.block_on(authority.spawn(2, InviteKind::Valid));
+    crashed.block_on(connect(&b, &a));
+    assert!(
+        main.block_on(heartbeat_arrives(&b, &a, Duration::from_secs(10))),
+        "the first life's heartbeat arrives"
+    );
+    let b_id = b.local_peer_id();
+    drop((b, b_in));
+    crashed.shutdown_background();
+
+    main.block_on(async {
+        let (b2, _b2_in) = authority.spawn(2, InviteKind::Valid).await;
+        assert_eq!(b2.local_peer_id(), b_id, "the same key, the same peer");
+        connect(&b2, &a).await;
+        assert!(
+            heartbeat_arrives(&a, &b2, Duration::from_secs(4)).await,
+            "the restarted peer hears the survivor well before the idle timeout"
+        );
+        assert!(
+            heartbeat_arrives(&b2, &a, Duration::from_secs(4)).await,
+            "the survivor hears the restarted peer (it was told the survivor's topic again)"
+        );
+        for h in [a, b2] {
+            h.shutdown().await.expect("shutdown");
+        }
+    });
+}

@@ -49,6 +49,9 @@ pub(crate) enum Finish {
 const FIRST_PEER_WAIT: Duration = Duration::from_secs(10);
 /// How often a peer meeting the swarm checks whether to dial its bootstrap addresses again.
 const MEET_TICK: Duration = Duration::from_secs(1);
+/// Heartbeat intervals a meeting peer waits, past its first interval and a half, for the
+/// news that tells it the swarm's step.
+const NEWS_WAIT_INTERVALS: u32 = 4;
 
 /// Runs one peer to the end. Call from `main` before any other thread starts.
 pub(crate) fn run(settings: RunSettings) -> anyhow::Result<()> {
@@ -175,7 +178,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         settings,
     };
     let resumed_step = resume(&mut peer, &mut params);
-    meet_the_swarm(&mut peer).await;
+    meet_the_swarm(&mut peer, resumed_step.unwrap_or(0)).await;
     let swarm_step = peer.swarm_step();
     // The swarm's state wins when it is newer than our checkpoint.
     let joining = swarm_step > resumed_step.unwrap_or(0);
@@ -232,8 +235,17 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
 
 /// Waits (bounded) until the swarm is known well enough to start: `training.min_peers`
 /// peers authorized (at most `training.start_timeout_ms`), and, when any peer is known,
-/// a heartbeat interval and a half more, so that the swarm's step is known.
-async fn meet_the_swarm(peer: &mut Peer) {
+/// until the swarm's step is known: a heartbeat interval and a half, then on until a peer
+/// announces a step past `resumed_step` (the swarm is ahead: join it) or every known peer
+/// has been heard, for at most [`NEWS_WAIT_INTERVALS`] intervals more.
+///
+/// A peer that decided on too little news would start as a founder with its checkpoint
+/// (or the initial parameters) while the swarm is far ahead, and pull every peer back
+/// towards them. So the meeting peer heartbeats too (step 0: it trains nothing yet), so
+/// that peers meeting at the same time hear each other at once, and so that the swarm
+/// notices when it dies before training (it is then given up as silent, and its stale
+/// connection closed).
+async fn meet_the_swarm(peer: &mut Peer, resumed_step: u64) {
     let min_peers = peer.settings.min_peers;
     let discovers = !peer.settings.net.bootstrap.is_empty() || peer.settings.net.mdns;
     if min_peers == 0 && !discovers {
@@ -244,25 +256,40 @@ async fn meet_the_swarm(peer: &mut Peer) {
     } else {
         FIRST_PEER_WAIT
     };
+    let interval = peer.settings.heartbeat_interval;
     let until = tokio::time::Instant::now() + first_wait;
     let mut heard_until: Option<tokio::time::Instant> = None;
     loop {
-        let deadline = heard_until.unwrap_or(until).min(until);
-        let wake = deadline.min(tokio::time::Instant::now() + MEET_TICK);
+        let now = tokio::time::Instant::now();
+        if let Some(heard) = heard_until {
+            let enough_news =
+                peer.swarm_step() > resumed_step || peer.peers.values().all(Option::is_some);
+            if (now >= heard && enough_news) || now >= heard + interval * NEWS_WAIT_INTERVALS {
+                break;
+            }
+        } else if now >= until {
+            break;
+        }
+        if now >= peer.next_maintenance() {
+            peer.maintain();
+        }
+        let mut wake = (now + MEET_TICK).min(peer.next_maintenance());
+        let checks = match heard_until {
+            Some(heard) => [heard, heard + interval * NEWS_WAIT_INTERVALS],
+            None => [until, until],
+        };
+        for check in checks.into_iter().filter(|&t| t > now) {
+            wake = wake.min(check);
+        }
         match tokio::time::timeout_at(wake, peer.events.recv()).await {
             // A bootstrap dial that failed (the peer was busy or unreachable) is retried.
-            Err(_) if tokio::time::Instant::now() < deadline => {
-                peer.redial_when_short(Instant::now());
-            }
-            Err(_) => break,
+            Err(_) => peer.redial_when_short(Instant::now()),
             Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
             Ok(Err(_)) => {}
             Ok(Ok(event)) => {
                 let _ = peer.note_event(&event);
                 if heard_until.is_none() && peer.peers.len() >= min_peers.max(1) {
-                    heard_until = Some(
-                        tokio::time::Instant::now() + peer.settings.heartbeat_interval * 3 / 2,
-                    );
+                    heard_until = Some(tokio::time::Instant::now() + interval * 3 / 2);
                 }
             }
         }
@@ -272,6 +299,11 @@ async fn meet_the_swarm(peer: &mut Peer) {
             known = peer.peers.len(),
             wanted = min_peers,
             "training.start_timeout_ms passed before training.min_peers peers connected; starting anyway"
+        );
+    } else if peer.peers.values().all(Option::is_none) && !peer.peers.is_empty() {
+        tracing::warn!(
+            known = peer.peers.len(),
+            "no heartbeat heard from any peer: the swarm's step is unknown, starting as if it had none"
         );
     }
 }

@@ -64,6 +64,11 @@ pub(crate) struct PeerState {
     pub(crate) in_dht: bool,
     /// Inbound tensor streams the peer has open now.
     pub(crate) inbound_open: Arc<AtomicU32>,
+    /// Its open connections, oldest first.
+    pub(crate) connections: Vec<ConnectionId>,
+    /// It restarted while its old connections were open: announce our topics again once
+    /// only its fresh connection is left.
+    pub(crate) reannounce_when_alone: bool,
 }
 
 impl PeerState {
@@ -78,6 +83,8 @@ impl PeerState {
             addrs: Vec::new(),
             in_dht: false,
             inbound_open: Arc::new(AtomicU32::new(0)),
+            connections: Vec::new(),
+            reannounce_when_alone: false,
         }
     }
 

@@ -3,8 +3,8 @@
 
 use libp2p::core::ConnectedPoint;
 use libp2p::request_response::{self, OutboundFailure};
-use libp2p::swarm::SwarmEvent;
 use libp2p::swarm::dial_opts::DialOpts;
+use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{gossipsub, identify, kad, mdns};
 use murmur_protocol::identity::{PayloadType, PeerId, SignedEnvelope};
 use murmur_protocol::message::HeartbeatBody;
@@ -30,7 +30,7 @@ impl NetActor {
                 ..
             } => {
                 self.anonymous_dials.remove(&connection_id);
-                self.on_connected(peer_id, &endpoint);
+                self.on_connected(peer_id, connection_id, &endpoint);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
@@ -38,6 +38,20 @@ impl NetActor {
                 cause,
                 ..
             } => self.on_disconnected(peer_id, cause.map(|c| c.to_string())),
+            SwarmEvent::ConnectionClosed {
+                peer_id,
+                connection_id,
+                ..
+            } => {
+                let Some(state) = self.peers.get_mut(&peer_id) else {
+                    return;
+                };
+                state.connections.retain(|c| *c != connection_id);
+                if state.reannounce_when_alone && state.connections.len() == 1 {
+                    state.reannounce_when_alone = false;
+                    self.reannounce_subscription();
+                }
+            }
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::info!(%address, "listening");
                 if !self.listen_addrs.contains(&address) {
@@ -75,9 +89,15 @@ impl NetActor {
         }
     }
 
-    fn on_connected(&mut self, peer: libp2p::PeerId, endpoint: &ConnectedPoint) {
+    fn on_connected(
+        &mut self,
+        peer: libp2p::PeerId,
+        connection: ConnectionId,
+        endpoint: &ConnectedPoint,
+    ) {
         let id = from_libp2p(&peer).ok();
         let state = self.peers.entry(peer).or_insert_with(|| PeerState::new(id));
+        state.connections.push(connection);
         if let ConnectedPoint::Dialer { address, .. } = endpoint {
             state.add_addr(address);
         }
@@ -144,10 +164,14 @@ impl NetActor {
 
     fn on_control_event(&mut self, event: ControlEvent) {
         match event {
-            request_response::Event::Message { peer, message, .. } => match message {
+            request_response::Event::Message {
+                peer,
+                connection_id,
+                message,
+            } => match message {
                 request_response::Message::Request {
                     request, channel, ..
-                } => self.on_control_request(peer, request, channel),
+                } => self.on_control_request(peer, connection_id, request, channel),
                 request_response::Message::Response {
                     request_id,
                     response,
@@ -221,6 +245,7 @@ impl NetActor {
     fn on_control_request(
         &mut self,
         peer: libp2p::PeerId,
+        connection: ConnectionId,
         request: ControlFrame,
         channel: request_response::ResponseChannel<ControlFrame>,
     ) {
@@ -234,8 +259,12 @@ impl NetActor {
             return;
         }
         if state.admitted.is_none() || is_hello(&request) {
+            let restarted = state.admitted.is_some();
             match self.authorizer.verify(&id, request.as_bytes(), unix_now()) {
                 Ok(admitted) => {
+                    if restarted {
+                        self.close_stale_connections(peer, connection);
+                    }
                     let hello = self.authorizer.hello();
                     let _ = self
                         .swarm
@@ -270,6 +299,45 @@ impl NetActor {
             }
             // Dropping the channel tells the peer at once that no answer is coming.
             Err(_) => tracing::warn!(%peer, "control request queue full; request dropped"),
+        }
+    }
+
+    /// An admitted peer said hello again on `fresh`: a process only says hello once per
+    /// connection to a peer it knows, so this one restarted under the same key (or lost the
+    /// connection its first hello went out on). Its other connections are the dead
+    /// process's: gossip would keep sending on the first of them, so the restarted peer
+    /// would not hear the swarm until they time out. They are closed now.
+    fn close_stale_connections(&mut self, peer: libp2p::PeerId, fresh: ConnectionId) {
+        let Some(state) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let stale: Vec<ConnectionId> = state
+            .connections
+            .iter()
+            .copied()
+            .filter(|c| *c != fresh)
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        tracing::info!(%peer, stale = stale.len(), "peer said hello again: closing its older connections");
+        state.reannounce_when_alone = true;
+        for connection in stale {
+            self.swarm.close_connection(connection);
+        }
+    }
+
+    /// Gossip tells a peer our topics only on its first connection, so a peer that
+    /// restarted while its dead connection was still open never learns that we take
+    /// heartbeats, and never sends us its own. Once the dead connection is gone, leaving
+    /// and rejoining the topic announces it to every peer again (the others see a leave
+    /// and a join, and graft us back into their mesh on their next gossip heartbeat).
+    fn reannounce_subscription(&mut self) {
+        let topic = gossipsub::IdentTopic::new(self.config.heartbeat_topic());
+        let gossip = &mut self.swarm.behaviour_mut().gossipsub;
+        gossip.unsubscribe(&topic);
+        if let Err(e) = gossip.subscribe(&topic) {
+            tracing::warn!(error = %e, "cannot rejoin the heartbeat topic");
         }
     }
 
