@@ -5,8 +5,7 @@
 //!
 //! On the survivors (peer 0 is never killed): no 10 s without a completed averaging round,
 //! no hung process, resident memory at most 10% above its level after the warm-up, and the
-//! final eval loss within 10% of the churn-free run's (the 5% holds the long version;
-//! see `MAX_LOSS_GAP_SHORT` in the scenario).
+//! final eval loss within 5% of the churn-free run's.
 //!
 //! Needs root, iproute2 and the `murmur` binary of the same profile (`cargo build -p
 //! murmur`). `murmur-scenario churn --long` runs the 30-minute version.

@@ -6,8 +6,7 @@
 //! completed averaging round, from their first round to their end; no hung process (`murmur
 //! local` ends within its bound and every peer ends finished, none killed for silence);
 //! resident memory at the end at most 10% above its level after the warm-up; and the final
-//! eval loss within 5% of the churn-free run's (the short version: 10%, see
-//! `MAX_LOSS_GAP_SHORT`).
+//! eval loss within 5% of the churn-free run's.
 //!
 //! The short version trains two minutes on 6 peers; the long one 30 minutes on 8, in
 //! release. Both write `churn-rss.png`, `churn-round-gaps.png` and `churn-runs.csv`.
@@ -28,14 +27,8 @@ use crate::{Harness, LinkShape, Topology};
 const MAX_ROUND_GAP_S: f64 = 10.0;
 /// The most resident memory may grow after the warm-up.
 const MAX_RSS_GROWTH: f64 = 0.10;
-/// How far the final eval loss may be from the churn-free run's: the bound, which
-/// the long version is held to.
+/// How far the final eval loss may be from the churn-free run's.
 const MAX_LOSS_GAP: f64 = 0.05;
-/// The short version's bound on the same. Its single survivor's final loss after two
-/// minutes came out 2.8% and 5.4% above the calm run's, and under 5% in a third run, so
-/// holding CI to 5% would fail about one run in three; 10% still fails a swarm that loses
-/// its averaging (butterfly under churn ended 25–100% above).
-const MAX_LOSS_GAP_SHORT: f64 = 0.10;
 /// Resident memory levels are medians over this long.
 const RSS_WINDOW_MS: u64 = 10_000;
 
@@ -405,11 +398,7 @@ impl Report for ChurnReport {
                 ));
             }
         }
-        let gap = if self.long {
-            MAX_LOSS_GAP
-        } else {
-            MAX_LOSS_GAP_SHORT
-        };
+        let gap = MAX_LOSS_GAP;
         match self.loss_ratio() {
             Some(ratio) if (ratio - 1.0).abs() <= gap => Ok(()),
             ratio => Err(format!(
