@@ -302,11 +302,13 @@ impl NetActor {
         }
     }
 
-    /// An admitted peer said hello again on `fresh`: a process only says hello once per
-    /// connection to a peer it knows, so this one restarted under the same key (or lost the
-    /// connection its first hello went out on). Its other connections are the dead
-    /// process's: gossip would keep sending on the first of them, so the restarted peer
-    /// would not hear the swarm until they time out. They are closed now.
+    /// An admitted peer said hello again on `fresh`: a process says hello once to a peer
+    /// it knows, and again only when the connection its hello went out on closed, so this
+    /// one restarted under the same key, and its other connections are the dead process's:
+    /// gossip would keep sending on the first of them, and the restarted peer would not hear
+    /// the swarm until they time out. They are closed now. (In the other case the peer keeps
+    /// the connection its hello came on, and announcing our topic again costs one leave and
+    /// join.)
     fn close_stale_connections(&mut self, peer: libp2p::PeerId, fresh: ConnectionId) {
         let Some(state) = self.peers.get_mut(&peer) else {
             return;
@@ -320,7 +322,7 @@ impl NetActor {
         if stale.is_empty() {
             return;
         }
-        tracing::info!(%peer, stale = stale.len(), "peer said hello again: closing its older connections");
+        tracing::info!(%peer, stale = stale.len(), "peer said hello again (it restarted, or the connection of its first hello closed): closing its older connections");
         state.reannounce_when_alone = true;
         for connection in stale {
             self.swarm.close_connection(connection);
