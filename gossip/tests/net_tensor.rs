@@ -1,5 +1,6 @@
 //! Tensor streams between authorized peers: data arrives whole, garbage closes only its own
-//! stream, a receiver that does not read holds the sender back, and stream limits hold.
+//! stream, a stream cut mid-frame says where it ended, a receiver that does not read holds
+//! the sender back, and stream limits hold.
 
 #[path = "net_support/mod.rs"]
 mod support;
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use murmur_gossip::net::{NetError, NetHandle, NetInbound, TensorStreamReader};
 use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::frame::{FrameError, FrameFlags, HEADER_LEN};
 use murmur_protocol::message::{ChunkAddress, Message, TensorPartChunk};
 use support::{Authority, InviteKind, connect, eventually};
 
@@ -158,6 +160,90 @@ async fn garbage_closes_its_stream_and_the_receiver_keeps_serving_other_peers() 
             .contains(&honest.local_peer_id())
     );
     for h in [receiver, vandal, honest] {
+        h.shutdown().await.expect("shutdown");
+    }
+}
+
+/// A stream that ends in the middle of a frame, whether in its header or its payload,
+/// delivers every whole frame before the cut, then fails saying how much of the last
+/// frame came, and counts it as a bad frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_mid_frame_delivers_the_whole_frames_then_says_where_it_ended() {
+    let authority = Authority::new();
+    let (sender, _s_in, receiver, mut inbound) = pair(&authority).await;
+    // Small chunks lie whole in the reader's buffer; a chunk of `CHUNK` bytes does not.
+    let small: Vec<u8> = payload(0)[..1024].to_vec();
+    let large = payload(5);
+    let cases = [
+        (&small, 5usize),
+        (&small, 600),
+        (&large, 7),
+        (&large, CHUNK / 2),
+    ];
+    for (round, (last, cut)) in cases.into_iter().enumerate() {
+        let whole = chunk(0, &small);
+        let cut_message = chunk(1, last);
+        let mut frame = vec![0u8; cut_message.frame_len()];
+        let len = cut_message
+            .encode_frame(FrameFlags::EMPTY, &mut frame)
+            .expect("encode");
+        assert_eq!(len, frame.len());
+
+        let mut writer = sender
+            .open_tensor_stream(&receiver.local_peer_id())
+            .await
+            .expect("open");
+        let send = async {
+            for _ in 0..3 {
+                writer.send(&whole).await.expect("send");
+            }
+            writer.send_encoded(&frame[..cut]).await.expect("send");
+            writer.finish().await.expect("finish");
+        };
+        let receive = async {
+            let mut reader = next_stream(&mut inbound).await;
+            let mut whole_frames = 0;
+            let error = loop {
+                let received = reader
+                    .recv(|m| match m {
+                        Message::TensorPartChunk(c) => c.payload == small.as_slice(),
+                        _ => false,
+                    })
+                    .await;
+                match received {
+                    Ok(Some(intact)) => {
+                        assert!(intact, "frame {whole_frames} arrived intact");
+                        whole_frames += 1;
+                    }
+                    Ok(None) => panic!("case {round}: the cut stream ended cleanly"),
+                    Err(e) => break e,
+                }
+            };
+            (whole_frames, error)
+        };
+        let ((), (whole_frames, error)) = tokio::join!(send, receive);
+        assert_eq!(whole_frames, 3, "case {round}");
+        let NetError::BadFrame {
+            source: FrameError::Truncated { buffered, expected },
+            ..
+        } = error
+        else {
+            panic!("case {round}: {error}");
+        };
+        assert_eq!(buffered, cut, "case {round}");
+        let expected_len = if cut < HEADER_LEN {
+            HEADER_LEN
+        } else {
+            frame.len()
+        };
+        assert_eq!(expected, expected_len, "case {round}");
+        assert_eq!(
+            receiver.metrics().snapshot().bad_frames,
+            round as u64 + 1,
+            "case {round}"
+        );
+    }
+    for h in [sender, receiver] {
         h.shutdown().await.expect("shutdown");
     }
 }

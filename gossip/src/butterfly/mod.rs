@@ -51,6 +51,7 @@ mod buffers;
 mod clip;
 mod config;
 mod error;
+mod finite;
 mod group;
 pub mod matchmaking;
 pub mod partition;

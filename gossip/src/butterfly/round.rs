@@ -11,6 +11,7 @@ use crate::{PeerKey, Time};
 use super::buffers::RoundBuffers;
 use super::config::ButterflyConfig;
 use super::error::ButterflyError;
+use super::finite::first_non_finite;
 use super::group::{ChunkLayout, Group};
 use super::payload::{EncodedAverages, PayloadPool, PayloadRef};
 use super::reducer::Reduction;
@@ -680,19 +681,6 @@ fn encode(codec: &mut Codec, pool: &mut PayloadPool, values: &[f32]) -> PayloadR
     let len = codec.encode(values, buffer).unwrap_or(0);
     pool.set_len(reference, len);
     reference
-}
-
-/// Index of the first non-finite element, if any. The check over the whole vector is
-/// branch-free so that it vectorizes; the position is looked for only when it fails.
-fn first_non_finite(values: &[f32]) -> Option<usize> {
-    let all_finite = values
-        .chunks(1024)
-        .all(|chunk| chunk.iter().fold(true, |ok, x| ok & x.is_finite()));
-    if all_finite {
-        None
-    } else {
-        values.iter().position(|x| !x.is_finite())
-    }
 }
 
 fn bad(address: ChunkAddress, reason: &'static str) -> ButterflyError {

@@ -5,8 +5,9 @@
 //! at most `net.tensor_write_timeout_ms` before failing. Memory does not grow with a slow
 //! receiver: the only buffers are the stream's flow-control window and one frame.
 //!
-//! A [`TensorStreamReader`] reads into a fixed buffer and feeds a [`FrameDecoder`], which
-//! checks every header against the frame limits before it reserves room for the payload.
+//! A [`TensorStreamReader`] reads into a fixed buffer. A frame that lies whole in it is
+//! checked and read in place; the others go through a [`FrameDecoder`], which checks every
+//! header against the frame limits before it reserves room for the payload.
 //! Every read waits at most `net.tensor_read_timeout_ms`. Bytes that are not a valid frame
 //! or message end the stream: the reader sends a [`Reject`] saying why, closes the stream,
 //! logs the reason, counts it in [`NetMetrics`], and returns the error. Other streams and
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use futures::{AsyncReadExt as _, AsyncWriteExt as _};
 use murmur_protocol::frame::{
-    FrameDecoder, FrameError, FrameFlags, FrameHeader, FrameLimits, HEADER_LEN,
+    Frame, FrameDecoder, FrameError, FrameFlags, FrameHeader, FrameLimits, HEADER_LEN,
 };
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
@@ -261,6 +262,8 @@ pub struct TensorStreamReader {
     ctx: StreamContext,
     first_byte: Option<Instant>,
     bytes: u64,
+    /// The peer closed its side; bytes not yet taken may remain in the buffer.
+    eof: bool,
     done: bool,
     _slot: StreamSlot,
 }
@@ -282,6 +285,7 @@ impl TensorStreamReader {
             ctx,
             first_byte: None,
             bytes: 0,
+            eof: false,
             done: false,
             _slot: slot,
         }
@@ -312,9 +316,33 @@ impl TensorStreamReader {
             if self.done {
                 return Ok(None);
             }
-            if self.start == self.end && !self.fill().await? {
+            if self.start == self.end && (self.eof || !self.fill(0).await?) {
                 self.end_of_stream().await?;
                 return Ok(None);
+            }
+            // A frame is read in place where it lies whole in the read buffer, or will once
+            // the rest of it is read in after it. The decoder (which copies) takes frames
+            // larger than the buffer, the stream's last frame, and anything wrong, so that
+            // it reports errors and the end of the stream as it always does.
+            if self.decoder.pending_len() == 0 && !self.decoder.is_ended() && !self.eof {
+                let input = &self.buf[self.start..self.end];
+                match Frame::parse(input, &self.ctx.frame_limits) {
+                    Ok((frame, len)) if !frame.flags().contains(FrameFlags::END_OF_STREAM) => {
+                        self.start += len;
+                        let failure = match Message::from_frame(&frame) {
+                            Ok(message) => return Ok(Some(on_message(message))),
+                            Err(e) => Failure::Message(e),
+                        };
+                        return Err(self.refuse(failure).await);
+                    }
+                    Err(FrameError::Truncated { expected, .. }) if expected <= self.buf.len() => {
+                        // At the end of the stream the decoder takes what came, and
+                        // reports the frame cut short.
+                        self.eof = !self.fill(expected).await?;
+                        continue;
+                    }
+                    _ => {}
+                }
             }
             let mut input = &self.buf[self.start..self.end];
             let before = input.len();
@@ -332,9 +360,17 @@ impl TensorStreamReader {
         }
     }
 
-    /// Reads more bytes; `false` at the end of the stream.
-    async fn fill(&mut self) -> Result<bool, NetError> {
-        let read = self.stream.read(&mut self.buf);
+    /// Reads more bytes after those not yet taken, first moving those to the front of the
+    /// buffer if fewer than `room` bytes from where they start are left (or none are
+    /// left). `false` at the end of the stream.
+    async fn fill(&mut self, room: usize) -> Result<bool, NetError> {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.buf.len() - self.start < room.max(self.end - self.start + 1) {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        let read = self.stream.read(&mut self.buf[self.end..]);
         let n = match tokio::time::timeout(self.ctx.read_timeout, read).await {
             Err(_) => {
                 self.done = true;
@@ -356,8 +392,7 @@ impl TensorStreamReader {
             cap.take(n as u64).await;
         }
         self.first_byte.get_or_insert_with(Instant::now);
-        self.start = 0;
-        self.end = n;
+        self.end += n;
         self.bytes += n as u64;
         self.ctx.metrics.tensor_bytes_received(n as u64);
         Ok(n > 0)

@@ -94,21 +94,89 @@ multiversion! {
     fn encode_int8(src: &[f32], scales: &mut [u8], q: &mut [u8], block: usize) -> Option<usize> = encode_int8_impl;
 }
 
+/// Calls `$kernel::<B>` for the block sizes configs use most, so that each of their blocks
+/// is a fixed-size array the compiler unrolls; any other size takes `$fallback`.
+macro_rules! by_block_size {
+    ($block:expr, $kernel:ident, $fallback:ident, ($($arg:expr),*)) => {
+        match $block {
+            32 => $kernel::<32>($($arg),*),
+            64 => $kernel::<64>($($arg),*),
+            128 => $kernel::<128>($($arg),*),
+            256 => $kernel::<256>($($arg),*),
+            block => $fallback($($arg,)* block),
+        }
+    };
+}
+
+/// Elements handled together in the int8 kernels: one AVX2 register of `f32`.
+const LANES: usize = 8;
+
+#[inline(always)]
+fn quantize8(x: f32, inv: f32) -> u8 {
+    round_to_i32(x * inv).clamp(-127, 127) as i8 as u8
+}
+
+/// Quantizes one block into `qs` (as long as `xs`) and writes its scale; false if the block
+/// holds a non-finite value. Blocks are whole multiples of [`LANES`] except the last one
+/// of a vector, whose leftover elements take the scalar loop.
+#[inline(always)]
+fn encode_int8_block(xs: &[f32], qs: &mut [u8], scale_out: &mut [u8; 4]) -> bool {
+    let max_bits = abs_max_bits(xs);
+    if max_bits >= INF_BITS {
+        return false;
+    }
+    let (scale, inv) = block_scale(max_bits, Int8::LEVELS);
+    *scale_out = scale.to_le_bytes();
+    let (x_lanes, x_rest) = xs.as_chunks::<LANES>();
+    let (q_lanes, q_rest) = qs.as_chunks_mut::<LANES>();
+    for (x, q) in x_lanes.iter().zip(q_lanes) {
+        for (x, q) in x.iter().zip(q) {
+            *q = quantize8(*x, inv);
+        }
+    }
+    for (x, q) in x_rest.iter().zip(q_rest) {
+        *q = quantize8(*x, inv);
+    }
+    true
+}
+
 #[inline(always)]
 fn encode_int8_impl(src: &[f32], scales: &mut [u8], q: &mut [u8], block: usize) -> Option<usize> {
-    let blocks = src
-        .chunks(block)
-        .zip(q.chunks_mut(block))
-        .zip(scales.chunks_exact_mut(4));
-    for (b, ((xs, qs), scale_out)) in blocks.enumerate() {
-        let max_bits = abs_max_bits(xs);
-        if max_bits >= INF_BITS {
+    by_block_size!(block, encode_int8_fixed, encode_int8_any, (src, scales, q))
+}
+
+#[inline(always)]
+fn encode_int8_fixed<const B: usize>(
+    src: &[f32],
+    scales: &mut [u8],
+    q: &mut [u8],
+) -> Option<usize> {
+    let (blocks, _) = src.as_chunks::<B>();
+    let (q_blocks, _) = q.as_chunks_mut::<B>();
+    let (scale_out, _) = scales.as_chunks_mut::<4>();
+    let whole = blocks.len().min(q_blocks.len()).min(scale_out.len());
+    for (b, ((xs, qs), s)) in blocks.iter().zip(q_blocks).zip(scale_out).enumerate() {
+        if !encode_int8_block(xs, qs, s) {
             return Some(b);
         }
-        let (scale, inv) = block_scale(max_bits, Int8::LEVELS);
-        scale_out.copy_from_slice(&scale.to_le_bytes());
-        for (x, q) in xs.iter().zip(qs.iter_mut()) {
-            *q = round_to_i32(x * inv).clamp(-127, 127) as i8 as u8;
+    }
+    // The short block at the end, if any.
+    let rest = encode_int8_any(
+        &src[whole * B..],
+        &mut scales[whole * 4..],
+        &mut q[whole * B..],
+        B,
+    );
+    rest.map(|b| b + whole)
+}
+
+#[inline(always)]
+fn encode_int8_any(src: &[f32], scales: &mut [u8], q: &mut [u8], block: usize) -> Option<usize> {
+    let (scale_out, _) = scales.as_chunks_mut::<4>();
+    let blocks = src.chunks(block).zip(q.chunks_mut(block)).zip(scale_out);
+    for (b, ((xs, qs), s)) in blocks.enumerate() {
+        if !encode_int8_block(xs, qs, s) {
+            return Some(b);
         }
     }
     None
@@ -119,20 +187,64 @@ fn load_scale(b: &[u8]) -> f32 {
     f32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
+/// Writes `q · scale` into `os` (as long as `qs`), or adds `w · (q · scale)` when `w` is
+/// given; both operations in the same order as the scalar definition, so every build gives
+/// the same bits.
+#[inline(always)]
+fn decode_int8_block(qs: &[u8], scale: [u8; 4], w: Option<f32>, os: &mut [f32]) {
+    let scale = f32::from_le_bytes(scale);
+    match w {
+        None => {
+            for (q, o) in qs.iter().zip(os) {
+                *o = f32::from(*q as i8) * scale;
+            }
+        }
+        Some(w) => {
+            for (q, a) in qs.iter().zip(os) {
+                *a += w * (f32::from(*q as i8) * scale);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn decode_int8_fixed<const B: usize>(scales: &[u8], q: &[u8], w: Option<f32>, out: &mut [f32]) {
+    let (q_blocks, _) = q.as_chunks::<B>();
+    let (o_blocks, _) = out.as_chunks_mut::<B>();
+    let (scale_in, _) = scales.as_chunks::<4>();
+    let whole = q_blocks.len().min(o_blocks.len()).min(scale_in.len());
+    for ((qs, os), s) in q_blocks.iter().zip(o_blocks).zip(scale_in) {
+        decode_int8_block(qs, *s, w, os);
+    }
+    // The short block at the end, if any.
+    decode_int8_any(
+        &scales[whole * 4..],
+        &q[whole * B..],
+        w,
+        &mut out[whole * B..],
+        B,
+    );
+}
+
+#[inline(always)]
+fn decode_int8_any(scales: &[u8], q: &[u8], w: Option<f32>, out: &mut [f32], block: usize) {
+    let (scale_in, _) = scales.as_chunks::<4>();
+    let blocks = out.chunks_mut(block).zip(q.chunks(block)).zip(scale_in);
+    for ((os, qs), s) in blocks {
+        decode_int8_block(qs, *s, w, os);
+    }
+}
+
 multiversion! { fn decode_int8(scales: &[u8], q: &[u8], out: &mut [f32], block: usize) = decode_int8_impl; }
 
 #[inline(always)]
 fn decode_int8_impl(scales: &[u8], q: &[u8], out: &mut [f32], block: usize) {
-    let blocks = out
-        .chunks_mut(block)
-        .zip(q.chunks(block))
-        .zip(scales.chunks_exact(4));
-    for ((os, qs), scale) in blocks {
-        let scale = load_scale(scale);
-        for (o, q) in os.iter_mut().zip(qs) {
-            *o = f32::from(*q as i8) * scale;
-        }
-    }
+    by_block_size!(
+        block,
+        decode_int8_fixed,
+        decode_int8_any,
+        (scales, q, None, out)
+    )
 }
 
 multiversion! {
@@ -141,16 +253,12 @@ multiversion! {
 
 #[inline(always)]
 fn accumulate_int8_impl(scales: &[u8], q: &[u8], w: f32, acc: &mut [f32], block: usize) {
-    let blocks = acc
-        .chunks_mut(block)
-        .zip(q.chunks(block))
-        .zip(scales.chunks_exact(4));
-    for ((acc, qs), scale) in blocks {
-        let scale = load_scale(scale);
-        for (a, q) in acc.iter_mut().zip(qs) {
-            *a += w * (f32::from(*q as i8) * scale);
-        }
-    }
+    by_block_size!(
+        block,
+        decode_int8_fixed,
+        decode_int8_any,
+        (scales, q, Some(w), acc)
+    )
 }
 
 /// Blockwise absmax `int4`.
@@ -286,5 +394,57 @@ fn accumulate_int4_impl(scales: &[u8], q: &[u8], w: f32, acc: &mut [f32], block:
         if let (Some(a), Some(byte)) = (pairs.into_remainder().first_mut(), qs.last()) {
             *a += w * (low_nibble(*byte) * scale);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_int8_any, decode_int8_fixed, encode_int8_any, encode_int8_fixed};
+
+    /// Values spanning many magnitudes, with exact ties at half a step in some blocks.
+    fn values(len: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| match i % 97 {
+                0 => 127.0,
+                1 => 0.5,
+                _ => ((i as f32) * 0.37).sin() * (1 + i % 13) as f32 * 10f32.powi(i as i32 % 7 - 3),
+            })
+            .collect()
+    }
+
+    /// The kernels unrolled for a block size give the bytes and floats of the loop over
+    /// any block size, for vectors ending in a whole block, a short block, or a sliver.
+    #[test]
+    fn fixed_block_kernels_match_the_general_loop() {
+        for len in [0, 5, 64, 64 * 7, 64 * 7 + 3, 64 * 9 + 40, 1000] {
+            let src = values(len);
+            let blocks = len.div_ceil(64);
+            let (mut scales_a, mut q_a) = (vec![0u8; blocks * 4], vec![0u8; len]);
+            let (mut scales_b, mut q_b) = (vec![1u8; blocks * 4], vec![1u8; len]);
+            assert_eq!(encode_int8_fixed::<64>(&src, &mut scales_a, &mut q_a), None);
+            assert_eq!(encode_int8_any(&src, &mut scales_b, &mut q_b, 64), None);
+            assert_eq!(
+                (&scales_a, &q_a),
+                (&scales_b, &q_b),
+                "encoded, {len} elements"
+            );
+            for w in [None, Some(0.3f32)] {
+                let (mut out_a, mut out_b) = (values(len), values(len));
+                decode_int8_fixed::<64>(&scales_a, &q_a, w, &mut out_a);
+                decode_int8_any(&scales_a, &q_a, w, &mut out_b, 64);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&out_a),
+                    bits(&out_b),
+                    "decoded ({w:?}), {len} elements"
+                );
+            }
+        }
+        let mut bad = values(64 * 5 + 9);
+        bad[64 * 5 + 2] = f32::NAN;
+        let (mut scales, mut q) = (vec![0u8; 6 * 4], vec![0u8; bad.len()]);
+        assert_eq!(encode_int8_fixed::<64>(&bad, &mut scales, &mut q), Some(5));
+        bad[64 * 2] = f32::INFINITY;
+        assert_eq!(encode_int8_fixed::<64>(&bad, &mut scales, &mut q), Some(2));
     }
 }

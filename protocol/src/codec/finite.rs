@@ -33,6 +33,10 @@ pub(crate) fn check_scales(
     block: usize,
     codec: &'static str,
 ) -> Result<(), CodecError> {
+    if scales_valid(scales, max_level) {
+        return Ok(());
+    }
+    // Some scale is bad: find the first one and say what is wrong with it.
     for (i, bytes) in scales.chunks_exact(4).enumerate() {
         let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
         if scale.is_nan() || !(scale * max_level).is_finite() {
@@ -46,6 +50,29 @@ pub(crate) fn check_scales(
         }
     }
     Ok(())
+}
+
+multiversion! {
+    /// Whether every scale passes [`check_scales`], tested without a branch per scale.
+    fn scales_valid(scales: &[u8], max_level: f32) -> bool = scales_valid_impl;
+}
+
+#[inline(always)]
+fn scales_valid_impl(scales: &[u8], max_level: f32) -> bool {
+    // `s >= 0` fails for NaN and negative scales (−0 passes, as in the loop), and the
+    // product is below +Inf exactly when it is finite, given `s >= 0`.
+    let valid = |bytes: &[u8; 4]| {
+        let scale = f32::from_le_bytes(*bytes);
+        scale >= 0.0 && scale * max_level < f32::INFINITY
+    };
+    let (lanes_in, _) = scales.as_chunks::<32>();
+    let mut ok = true;
+    for lanes in lanes_in {
+        let (group, _) = lanes.as_chunks::<4>();
+        ok &= group.iter().fold(true, |ok, bytes| ok & valid(bytes));
+    }
+    let (rest, _) = scales[lanes_in.len() * 32..].as_chunks::<4>();
+    ok & rest.iter().fold(true, |ok, bytes| ok & valid(bytes))
 }
 
 /// The result of a blockwise encode kernel, which reports the first block that holds a
