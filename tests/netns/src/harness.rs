@@ -323,10 +323,26 @@ impl Harness {
 
     fn start_delay_stage(&mut self) -> Result<(), HarnessError> {
         // Created persistent so it can be configured before and regardless of the process;
-        // `ip tuntap` makes it IFF_TUN | IFF_NO_PI, the flags murmur-netem attaches with.
+        // `ip tuntap ... multi_queue` makes it IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE, the
+        // flags murmur-netem attaches each of its queues with.
         ip_in(
             &self.router,
-            &["tuntap", "add", "dev", DELAY_DEVICE, "mode", "tun"],
+            &[
+                "tuntap",
+                "add",
+                "dev",
+                DELAY_DEVICE,
+                "mode",
+                "tun",
+                "multi_queue",
+            ],
+        )?;
+        // Each queue's ring holds this many packets while its thread is busy: as many as the
+        // stage itself may hold, instead of the default 500 (3 ms at 1.6 Gbit/s).
+        let ring = self.topology.queue_packets.to_string();
+        ip_in(
+            &self.router,
+            &["link", "set", DELAY_DEVICE, "txqueuelen", &ring],
         )?;
         let mut command = self.router_command(&self.netem_program);
         command.args([
@@ -337,6 +353,8 @@ impl Harness {
             &self.topology.seed.to_string(),
             "--queue-packets",
             &self.topology.queue_packets.to_string(),
+            "--queues",
+            &self.topology.delay_queues.to_string(),
         ]);
         for link in self.topology.impairments() {
             command.arg("--link").arg(link.to_string());

@@ -48,6 +48,9 @@ pub struct Topology {
     pub seed: u64,
     /// The most packets the delay stage holds at once; more are dropped and counted.
     pub queue_packets: usize,
+    /// Threads of the delay stage, each serving one queue of its TUN device (1 to 16).
+    /// One thread carries about a Gbit/s of full-size packets.
+    pub delay_queues: usize,
 }
 
 impl Topology {
@@ -57,6 +60,7 @@ impl Topology {
             links: vec![link; peers],
             seed: 0x6d75_726d_7572,
             queue_packets: 4096,
+            delay_queues: default_delay_queues(),
         }
     }
 
@@ -68,6 +72,12 @@ impl Topology {
         }
         if self.queue_packets == 0 {
             return invalid("queue_packets is 0; give at least 1".to_owned());
+        }
+        if !(1..=MAX_DELAY_QUEUES).contains(&self.delay_queues) {
+            return invalid(format!(
+                "delay_queues is {}; give 1 to {MAX_DELAY_QUEUES}",
+                self.delay_queues
+            ));
         }
         for (peer, link) in self.links.iter().enumerate() {
             if !(0.0..=1.0).contains(&link.loss) {
@@ -130,6 +140,16 @@ fn link_address(peer: usize, host: u8) -> Ipv4Addr {
     );
     // The assertion above keeps `peer + 1` within 1..=254.
     Ipv4Addr::new(10, NETWORK_OCTET, (peer + 1) as u8, host)
+}
+
+/// The most threads the delay stage runs.
+pub const MAX_DELAY_QUEUES: usize = 16;
+
+/// A quarter of the machine's cores, 1 to 4: the peers and the kernel need the rest, and
+/// four threads carry eight links of 200 Mbit/s or more.
+fn default_delay_queues() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    (cores / 4).clamp(1, 4)
 }
 
 /// The `tc qdisc ... tbf` parameters for `rate_bits_per_sec`: a burst of 4 ms at line rate

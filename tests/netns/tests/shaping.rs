@@ -121,6 +121,50 @@ fn bulk_transfer_reaches_the_configured_rate() {
     );
 }
 
+/// A delay stage of three threads, one per queue of its TUN device, still holds every flow
+/// back by its links' delays (in both directions) and carries a bulk transfer at the rate.
+#[test]
+fn a_delay_stage_of_several_queues_delays_and_carries_every_flow() {
+    let _serial = serial();
+    let mut topology = shaped_pair();
+    topology.links.extend(topology.links.clone());
+    topology.delay_queues = 3;
+    let mut harness = build(topology);
+    let expected = harness.topology().round_trip(0, 1);
+    for (from, to) in [(0, 1), (2, 3), (3, 0), (1, 2)] {
+        let report = harness
+            .ping(from, to, 10, Duration::from_millis(20))
+            .unwrap_or_else(|error| panic!("ping {from} -> {to} failed: {error}"));
+        assert_eq!(
+            report.received, report.transmitted,
+            "{from} -> {to}: {report:?}"
+        );
+        let median = report.median_round_trip().expect("replies arrived");
+        let fastest = report.round_trips.iter().min().expect("replies arrived");
+        assert!(
+            *fastest >= expected && median.as_secs_f64() <= expected.as_secs_f64() * 1.2,
+            "{from} -> {to}: round trips from {fastest:?}, median {median:?}; configured {expected:?}"
+        );
+    }
+    let report = harness
+        .bulk_transfer(2, 1, Duration::from_secs(4))
+        .unwrap_or_else(|error| panic!("bulk transfer failed: {error}"));
+    let ratio = report.steady_bits_per_sec / RATE_BITS_PER_SEC as f64;
+    assert!(
+        (0.70..=1.05).contains(&ratio),
+        "steady throughput {:.1} Mbit/s is {:.0}% of the configured rate",
+        report.steady_bits_per_sec / 1e6,
+        ratio * 100.0
+    );
+    let stats = harness
+        .stop_delay_stage()
+        .unwrap_or_else(|error| panic!("stopping the delay stage failed: {error}"));
+    assert_eq!(stats.dropped_queue_full, 0, "{stats:?}");
+    assert_eq!(stats.lost, 0, "{stats:?}");
+    // A few packets (the connections' last ones) may still be held when the stage stops.
+    assert!(stats.received - stats.forwarded <= 8, "{stats:?}");
+}
+
 /// Loss of 10% on peer 0's link: a ping's request and its reply each cross that link once,
 /// so 1 - 0.9² = 19% of pings go unanswered.
 #[test]

@@ -2,7 +2,7 @@
 //! TCP sender and receiver that measure a link's rate.
 //!
 //! ```text
-//! murmur-netem delay --tun NAME [--seed N] [--queue-packets N] --link SUBNET,DELAY_MICROS,LOSS ...
+//! murmur-netem delay --tun NAME [--seed N] [--queue-packets N] [--queues N] --link SUBNET,DELAY_MICROS,LOSS ...
 //! murmur-netem bulk-recv --listen ADDR:PORT [--limit-secs N]
 //! murmur-netem bulk-send --to ADDR:PORT --seconds S
 //! ```
@@ -19,6 +19,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use murmur_netns::LinkImpairment;
 
+/// The most queues (threads) the delay stage runs.
+const MAX_QUEUES: usize = 16;
+
 fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let Some(command) = args.next() else {
@@ -31,10 +34,15 @@ fn main() -> anyhow::Result<()> {
                 .all("--link")
                 .map(|text| text.parse::<LinkImpairment>())
                 .collect::<Result<Vec<_>, _>>()?;
+            let queues: usize = flags.parsed_or("--queues", 1)?;
+            if !(1..=MAX_QUEUES).contains(&queues) {
+                bail!("--queues {queues}: give 1 to {MAX_QUEUES}");
+            }
             stage::run(stage::StageSettings {
                 tun: flags.one("--tun")?.to_owned(),
                 seed: flags.parsed_or("--seed", 0)?,
                 queue_packets: flags.parsed_or("--queue-packets", 4096)?,
+                queues,
                 links,
             })
         }

@@ -1,10 +1,16 @@
 //! The delay stage's loop: TUN device in, [`DelayLine`], TUN device out.
+//!
+//! One packet costs a read and a write system call and a copy, about a core per Gbit/s of
+//! full-size packets, so one thread cannot carry eight 200 Mbit/s links. The device is
+//! multi-queue: the stage attaches one queue per thread, and the kernel picks a packet's
+//! queue by a hash of its flow that is the same in both directions, so each flow stays in
+//! one thread's delay line, in order.
 
 use std::io::ErrorKind;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use murmur_netns::{DelayLine, LinkImpairment};
+use murmur_netns::{DelayLine, DelayLineStats, LinkImpairment};
 
 use crate::tun::{TunDevice, catch_termination, terminated};
 
@@ -22,26 +28,95 @@ pub(crate) struct StageSettings {
     pub(crate) tun: String,
     /// Seed of the loss draws.
     pub(crate) seed: u64,
-    /// The most packets held at once.
+    /// The most packets held at once, all queues together.
     pub(crate) queue_packets: usize,
+    /// Queues of the TUN device, one thread each.
+    pub(crate) queues: usize,
     /// The links' delays and losses.
     pub(crate) links: Vec<LinkImpairment>,
 }
 
-/// Runs until SIGTERM or SIGINT, then prints the counters.
+/// Runs until SIGTERM or SIGINT, then prints the counters of all queues together.
 pub(crate) fn run(settings: StageSettings) -> anyhow::Result<()> {
     catch_termination()?;
-    let mut line = DelayLine::new(
-        settings.links,
-        settings.queue_packets,
-        SLOT_BYTES,
-        settings.seed,
-    )?;
-    let mut tun = TunDevice::open(&settings.tun)?;
+    let queues = settings.queues.max(1);
+    let per_queue = settings.queue_packets.div_ceil(queues);
+    let mut lanes = Vec::with_capacity(queues);
+    for queue in 0..queues {
+        let line = DelayLine::new(
+            settings.links.clone(),
+            per_queue,
+            SLOT_BYTES,
+            // Each queue draws its losses from a stream of its own.
+            settings.seed.wrapping_add(queue as u64),
+        )?;
+        let tun =
+            TunDevice::open(&settings.tun).with_context(|| format!("queue {queue} of {queues}"))?;
+        lanes.push((line, tun));
+    }
     println!(
         "{}",
-        serde_json::json!({ "event": "ready", "tun": settings.tun })
+        serde_json::json!({ "event": "ready", "tun": settings.tun, "queues": queues })
     );
+    let results = std::thread::scope(|scope| {
+        let threads: Vec<_> = lanes
+            .into_iter()
+            .map(|(line, tun)| scope.spawn(move || serve(line, tun)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|thread| {
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a queue's thread panicked")))
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut total = QueueReport::default();
+    for result in results {
+        total.add(&result?);
+    }
+    let stats = total.stats;
+    println!(
+        "{}",
+        serde_json::json!({
+            "event": "stats",
+            "received": stats.received,
+            "forwarded": stats.forwarded,
+            "lost": stats.lost,
+            "dropped_queue_full": stats.dropped_queue_full,
+            "dropped_oversize": stats.dropped_oversize,
+            "held": total.held,
+            "write_errors": total.write_errors,
+        })
+    );
+    Ok(())
+}
+
+/// What one queue's thread did.
+#[derive(Default)]
+struct QueueReport {
+    stats: DelayLineStats,
+    held: usize,
+    write_errors: u64,
+}
+
+impl QueueReport {
+    fn add(&mut self, other: &QueueReport) {
+        let (a, b) = (&mut self.stats, &other.stats);
+        a.received += b.received;
+        a.forwarded += b.forwarded;
+        a.lost += b.lost;
+        a.dropped_queue_full += b.dropped_queue_full;
+        a.dropped_oversize += b.dropped_oversize;
+        self.held += other.held;
+        self.write_errors += other.write_errors;
+    }
+}
+
+/// One queue's loop: releases what is due, waits for the next packet or release, reads a
+/// batch. Runs until SIGTERM or SIGINT.
+fn serve(mut line: DelayLine, mut tun: TunDevice) -> anyhow::Result<QueueReport> {
     let mut buffer = vec![0u8; 65536];
     let mut write_errors = 0u64;
     while !terminated() {
@@ -76,19 +151,9 @@ pub(crate) fn run(settings: StageSettings) -> anyhow::Result<()> {
             }
         }
     }
-    let stats = line.stats();
-    println!(
-        "{}",
-        serde_json::json!({
-            "event": "stats",
-            "received": stats.received,
-            "forwarded": stats.forwarded,
-            "lost": stats.lost,
-            "dropped_queue_full": stats.dropped_queue_full,
-            "dropped_oversize": stats.dropped_oversize,
-            "held": line.held(),
-            "write_errors": write_errors,
-        })
-    );
-    Ok(())
+    Ok(QueueReport {
+        stats: line.stats(),
+        held: line.held(),
+        write_errors,
+    })
 }

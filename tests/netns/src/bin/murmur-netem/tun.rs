@@ -1,4 +1,4 @@
-//! A TUN device opened by name, read and written one IP packet at a time.
+//! A queue of a TUN device opened by name, read and written one IP packet at a time.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -11,16 +11,19 @@ use anyhow::{Context, bail};
 /// Set by SIGTERM or SIGINT; the stage finishes its loop and reports.
 static TERMINATED: AtomicBool = AtomicBool::new(false);
 
-/// An attached TUN device (IFF_TUN | IFF_NO_PI), non-blocking.
+/// One attached queue of a multi-queue TUN device (IFF_TUN | IFF_NO_PI | IFF_MULTI_QUEUE),
+/// non-blocking.
 pub(crate) struct TunDevice {
     file: File,
 }
 
 impl TunDevice {
-    /// Attaches to the TUN device `name`, creating it when it does not exist.
+    /// Attaches a queue of the TUN device `name`, creating the device when it does not
+    /// exist. Each call attaches one more queue.
     pub(crate) fn open(name: &str) -> anyhow::Result<Self> {
         let mut request = ifreq_named(name)?;
-        request.ifr_ifru.ifru_flags = (libc::IFF_TUN | libc::IFF_NO_PI) as libc::c_short;
+        request.ifr_ifru.ifru_flags =
+            (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_MULTI_QUEUE) as libc::c_short;
         // SAFETY: the path is a valid NUL-terminated string; `open` has no other preconditions.
         let fd = unsafe {
             libc::open(
