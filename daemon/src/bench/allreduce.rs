@@ -26,6 +26,8 @@ use crate::local::{LocalAveragingMode, LocalPlan, SwarmDir};
 
 /// How long a peer may stay silent (no line) before the benchmark gives up.
 const SILENCE_BOUND: Duration = Duration::from_secs(180);
+/// How long finished peers get to close their connections and exit before they are killed.
+const EXIT_BOUND: Duration = Duration::from_secs(10);
 /// The most elements one tensor frame carries in f32: a frame is at most 64 MiB
 /// (`max_frame_payload` below), and an SGP share or a ring segment travels in one frame.
 const MAX_FRAME_ELEMENTS: usize = 16_000_000;
@@ -37,6 +39,22 @@ const MAX_FRAME_PAYLOAD: u32 = 64 << 20;
 
 /// The children, killed when dropped.
 struct Children(Vec<Child>);
+
+impl Children {
+    /// Tells every peer that all have finished (by closing its standard input), so that
+    /// each may close its connections, and waits for them to exit, at most [`EXIT_BOUND`].
+    fn release(&mut self) {
+        for child in &mut self.0 {
+            drop(child.stdin.take());
+        }
+        let until = Instant::now() + EXIT_BOUND;
+        for child in &mut self.0 {
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
 
 impl Drop for Children {
     fn drop(&mut self) {
@@ -177,6 +195,7 @@ fn run_codec(
     }
     drop(tx);
     let (rounds, discovery_s) = collect(&rx, args, &mut children)?;
+    children.release();
     drop(children);
     let median_time = report(args, codec, stream_bps, &rounds, discovery_s, dir.root())?;
     Ok((codec, median_time))
@@ -263,6 +282,7 @@ fn spawn_peer(
         .args(["--elements", &args.elements.to_string()])
         .args(["--algo", algo])
         .args(["--rounds", &args.rounds.to_string()])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
         .spawn()

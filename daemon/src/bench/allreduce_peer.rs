@@ -14,7 +14,7 @@
 //! and the round's buffers are built once, before the first round.
 
 use std::collections::BTreeSet;
-use std::io::Write as _;
+use std::io::{BufRead as _, Write as _};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -26,7 +26,7 @@ use murmur_gossip::sgp::{SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::PeerId;
 use serde_json::json;
-use tokio::sync::broadcast;
+use tokio::sync::{broadcast, oneshot};
 
 use crate::cli::{AllreduceAlgo, AllreducePeerArgs};
 use crate::config;
@@ -35,6 +35,9 @@ use crate::run::collective::{self, Collective, Early, RoundHost, RoundIo};
 
 /// How long a peer waits for the whole swarm before it gives up.
 const GATHER_BOUND: Duration = Duration::from_secs(60);
+
+/// How long a finished peer waits for the benchmark to say that every peer has finished.
+const LINGER_BOUND: Duration = Duration::from_secs(60);
 
 /// Elements at the start of every [`SAMPLE_STRIDE`] that the error is measured on.
 const SAMPLE_RUN: usize = 256;
@@ -192,11 +195,27 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
         if let Err(e) = &result {
             emit(json!({"event": "done", "error": format!("{e:#}")}));
         }
-        // Let the last averaged chunks reach slower peers before closing.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        if result.is_ok() {
+            // This peer has its last round, but its averaged chunks may still be on their
+            // way to slower peers: closing now would cut them off. The benchmark closes
+            // every peer's standard input once all of them have reported their last round.
+            let _ = tokio::time::timeout(LINGER_BOUND, stdin_closed()).await;
+        }
         let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
         result
     })
+}
+
+/// Resolves when standard input gives a line or closes (at once when it is `/dev/null`).
+/// The read blocks, so it runs on a thread of its own that the process's exit ends.
+fn stdin_closed() -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+        let _ = tx.send(());
+    });
+    rx
 }
 
 async fn gather(peer: &mut BenchPeer, want: usize) -> anyhow::Result<()> {
