@@ -290,6 +290,11 @@ pub(crate) struct AllreduceArgs {
     /// (`averaging.butterfly.reducer_timeout_ms`; default 15000), more than the sender's.
     #[arg(long)]
     pub(crate) reducer_timeout_ms: Option<u64>,
+    /// Every peer's QUIC receive windows, per stream and per connection, in bytes
+    /// (`net.quic_stream_receive_window`, `net.quic_connection_receive_window`; defaults
+    /// 10 MB and 15 MB): how far a sender's writes may run ahead of what has arrived.
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) quic_receive_window: Option<u32>,
 }
 
 #[derive(Debug, Args)]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::net::MIN_QUIC_RECEIVE_WINDOW;
 use murmur_gossip::net::bench::{StreamBenchConfig, stream_throughput};
 use murmur_protocol::codec::CodecSpec;
 use serde_json::{Value, json};
@@ -84,7 +85,10 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let butterfly = butterfly_timeouts(args)?;
+    let tables = ConfigTables {
+        net: net_lines(args)?,
+        butterfly: butterfly_timeouts(args)?,
+    };
     let mut codecs = Vec::new();
     for text in args.codec.split(',') {
         codecs.push(
@@ -99,7 +103,7 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
     };
     let mut times = Vec::new();
     for &codec in &codecs {
-        times.push(run_codec(args, &hosts, &butterfly, codec, stream_bps)?);
+        times.push(run_codec(args, &hosts, &tables, codec, stream_bps)?);
     }
     // Several codecs in one run: how much faster each round is than the first codec's.
     if let [(first, first_time), rest @ ..] = times.as_slice() {
@@ -156,7 +160,7 @@ fn check_elements(algo: AllreduceAlgo, peers: usize, elements: usize) -> Result<
 fn run_codec(
     args: &AllreduceArgs,
     hosts: &Hosts,
-    butterfly: &str,
+    tables: &ConfigTables,
     codec: CodecSpec,
     stream_bps: Option<f64>,
 ) -> anyhow::Result<(CodecSpec, f64)> {
@@ -178,7 +182,7 @@ fn run_codec(
     let mut bootstrap = Vec::new();
     // One peer per host; `Hosts::from_flag` made them as many as `--peers`.
     for index in 0..hosts.len() {
-        write_config(&dir, &plan, index, &bootstrap, butterfly)?;
+        write_config(&dir, &plan, index, &bootstrap, tables)?;
         children
             .0
             .push(spawn_peer(&dir, args, hosts, index, tx.clone())?);
@@ -220,6 +224,30 @@ fn single_stream(args: &AllreduceArgs) -> anyhow::Result<f64> {
     Ok(rounds[rounds.len() / 2])
 }
 
+/// What every peer's config gets besides `murmur local`'s: lines of its `[net]` table, and
+/// a table at the end.
+struct ConfigTables {
+    net: String,
+    butterfly: String,
+}
+
+/// The `[net]` lines of every peer's config: frames large enough for a whole share or
+/// segment, and the QUIC receive windows when `--quic-receive-window` is given.
+fn net_lines(args: &AllreduceArgs) -> Result<String, BadInput> {
+    let mut lines = format!("max_frame_payload = {MAX_FRAME_PAYLOAD}\n");
+    if let Some(window) = args.quic_receive_window {
+        if window < MIN_QUIC_RECEIVE_WINDOW {
+            return Err(BadInput(format!(
+                "--quic-receive-window {window}: expected at least {MIN_QUIC_RECEIVE_WINDOW} bytes"
+            )));
+        }
+        lines.push_str(&format!(
+            "quic_stream_receive_window = {window}\nquic_connection_receive_window = {window}\n"
+        ));
+    }
+    Ok(lines)
+}
+
 /// The `[averaging.butterfly]` table of every peer's config: empty for the defaults, or
 /// the timeouts given, checked the way the config loader will check them.
 fn butterfly_timeouts(args: &AllreduceArgs) -> Result<String, BadInput> {
@@ -239,24 +267,19 @@ fn butterfly_timeouts(args: &AllreduceArgs) -> Result<String, BadInput> {
 }
 
 /// Writes peer `index`'s config (listening on its host's address, as `plan.hosts` says),
-/// with frames large enough for a whole share or segment, and `butterfly` (a TOML table,
-/// or nothing) at the end.
+/// with `tables`' lines at the top of its `[net]` table and its butterfly table at the end.
 fn write_config(
     dir: &SwarmDir,
     plan: &LocalPlan,
     index: usize,
     bootstrap: &[String],
-    butterfly: &str,
+    tables: &ConfigTables,
 ) -> anyhow::Result<()> {
     dir.write_config(plan, index, bootstrap)?;
     let path = dir.config_path(index);
     let text = std::fs::read_to_string(&path)?;
-    let mut text = text.replacen(
-        "[net]\n",
-        &format!("[net]\nmax_frame_payload = {MAX_FRAME_PAYLOAD}\n"),
-        1,
-    );
-    text.push_str(butterfly);
+    let mut text = text.replacen("[net]\n", &format!("[net]\n{}", tables.net), 1);
+    text.push_str(&tables.butterfly);
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
 }
 
@@ -495,7 +518,30 @@ mod tests {
             hosts: None,
             chunk_timeout_ms,
             reducer_timeout_ms,
+            quic_receive_window: None,
         }
+    }
+
+    #[test]
+    fn quic_windows_are_written_only_when_given_and_checked() {
+        let mut a = args(None, None);
+        assert_eq!(
+            net_lines(&a).unwrap(),
+            format!("max_frame_payload = {MAX_FRAME_PAYLOAD}\n")
+        );
+        a.quic_receive_window = Some(MIN_QUIC_RECEIVE_WINDOW - 1);
+        let error = net_lines(&a).unwrap_err();
+        assert!(error.0.starts_with("--quic-receive-window"), "{error}");
+        a.quic_receive_window = Some(250_000);
+        let lines = net_lines(&a).unwrap();
+        assert!(
+            lines.contains("quic_stream_receive_window = 250000\n"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("quic_connection_receive_window = 250000\n"),
+            "{lines}"
+        );
     }
 
     #[test]
@@ -532,12 +578,20 @@ mod tests {
             synthetic_step_ms: 0,
         };
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), 2).unwrap();
-        let butterfly =
-            "\n[averaging.butterfly]\nchunk_timeout_ms = 60000\nreducer_timeout_ms = 90000\n";
-        write_config(&dir, &plan, 1, &[], butterfly).unwrap();
+        let tables = ConfigTables {
+            net: format!(
+                "max_frame_payload = {MAX_FRAME_PAYLOAD}\nquic_stream_receive_window = 250000\nquic_connection_receive_window = 250000\n"
+            ),
+            butterfly:
+                "\n[averaging.butterfly]\nchunk_timeout_ms = 60000\nreducer_timeout_ms = 90000\n"
+                    .to_owned(),
+        };
+        write_config(&dir, &plan, 1, &[], &tables).unwrap();
         let loaded = crate::config::load(&dir.config_path(1)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.net.listen_addrs, ["/ip4/10.77.2.2/udp/0/quic-v1"]);
         assert_eq!(loaded.net.max_frame_payload, MAX_FRAME_PAYLOAD);
+        assert_eq!(loaded.net.quic_stream_receive_window, 250_000);
+        assert_eq!(loaded.net.quic_connection_receive_window, 250_000);
         assert_eq!(loaded.averaging.butterfly.chunk_timeout_ms, 60_000);
         assert_eq!(loaded.averaging.butterfly.reducer_timeout_ms, 90_000);
     }

@@ -88,6 +88,14 @@ pub struct NetConfig {
     pub max_frame_payload: u32,
     /// Largest control frame payload accepted (control messages are small).
     pub max_control_payload: u32,
+    /// QUIC flow-control credit this peer grants per stream: the most bytes a sender may
+    /// have written to one stream that this peer has not yet read. A sender's write waits
+    /// once it is used up, so it also bounds how far a sender's "written" runs ahead of
+    /// what has arrived, and one stream's throughput at about this over the round trip.
+    pub quic_stream_receive_window: u32,
+    /// QUIC flow-control credit per connection, all its streams together; at least
+    /// `quic_stream_receive_window`.
+    pub quic_connection_receive_window: u32,
     /// Cap on tensor bytes sent per second, all streams together; 0 = none. Not read from
     /// the `[net]` table: the daemon sets it from `[volunteer]`.
     #[serde(skip)]
@@ -130,11 +138,17 @@ impl Default for NetConfig {
             control_capacity: 64,
             max_frame_payload: FrameLimits::DEFAULT_MAX_PAYLOAD,
             max_control_payload: 64 * 1024,
+            // libp2p-quic's own defaults: room for 1 Gbit/s over a 100 ms round trip.
+            quic_stream_receive_window: 10_000_000,
+            quic_connection_receive_window: 15_000_000,
             max_upload_bytes_per_s: 0,
             max_download_bytes_per_s: 0,
         }
     }
 }
+
+/// The least `quic_stream_receive_window`: about ten full-size packets.
+pub const MIN_QUIC_RECEIVE_WINDOW: u32 = 16 * 1024;
 
 /// A [`NetConfig`] whose text has been parsed and whose bounds have been checked.
 #[derive(Debug, Clone)]
@@ -235,6 +249,16 @@ impl NetConfig {
                 1,
             ),
             ("net.control_capacity", self.control_capacity as u64, 1),
+            (
+                "net.quic_stream_receive_window",
+                u64::from(self.quic_stream_receive_window),
+                u64::from(MIN_QUIC_RECEIVE_WINDOW),
+            ),
+            (
+                "net.quic_connection_receive_window",
+                u64::from(self.quic_connection_receive_window),
+                u64::from(self.quic_stream_receive_window),
+            ),
         ] {
             if value < min {
                 return Err(config_error(
@@ -362,6 +386,12 @@ mod tests {
         let mut c = valid();
         c.max_frame_payload = u32::MAX;
         assert_eq!(key_of(&c), Some("net.max_frame_payload"));
+        let mut c = valid();
+        c.quic_stream_receive_window = 1000;
+        assert_eq!(key_of(&c), Some("net.quic_stream_receive_window"));
+        let mut c = valid();
+        c.quic_connection_receive_window = c.quic_stream_receive_window - 1;
+        assert_eq!(key_of(&c), Some("net.quic_connection_receive_window"));
     }
 
     #[test]

@@ -42,7 +42,7 @@
 //! | connections | `net.max_connections`, `net.max_connections_per_peer`, `net.max_pending_incoming` |
 //! | streams | `net.max_inbound_tensor_streams_per_peer`; `net.max_streams_per_connection` per QUIC connection |
 //! | gossip messages | 4 KiB |
-//! | memory per slow receiver | the QUIC stream window (10 MB) and one frame |
+//! | memory per slow receiver | `net.quic_stream_receive_window` (10 MB) and one frame |
 //!
 //! Bad bytes from a peer close that peer's stream (or connection) with a log line and a
 //! counter; the task keeps serving everyone else.
@@ -75,7 +75,7 @@ use murmur_protocol::message::HeartbeatBody;
 use tokio::sync::{broadcast, mpsc};
 
 pub use bandwidth::{BandwidthEstimator, Direction, PeerBandwidth};
-pub use config::NetConfig;
+pub use config::{MIN_QUIC_RECEIVE_WINDOW, NetConfig};
 pub use control::ControlFrame;
 pub use error::NetError;
 pub use handle::{InboundControl, NetHandle, NetInbound};
@@ -143,6 +143,10 @@ pub async fn spawn(
 
     let idle = ValidConfig::ms(raw.idle_connection_timeout_ms);
     let max_streams = raw.max_streams_per_connection;
+    let windows = (
+        raw.quic_stream_receive_window,
+        raw.quic_connection_receive_window,
+    );
     let behaviour = MurmurBehaviour::new(identity.libp2p(), &config)?;
     let mut swarm = SwarmBuilder::with_existing_identity(identity.libp2p().clone())
         .with_tokio()
@@ -155,6 +159,7 @@ pub async fn spawn(
         .with_quic_config(|mut quic| {
             quic.max_concurrent_stream_limit = max_streams;
             quic.handshake_timeout = Duration::from_secs(5);
+            (quic.max_stream_data, quic.max_connection_data) = windows;
             quic
         })
         .with_behaviour(|_| behaviour)

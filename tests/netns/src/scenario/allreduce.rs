@@ -11,6 +11,8 @@
 //!   that count. The butterfly needs two one-way trips (parts to their reducers, averages
 //!   back); the ring needs `2(N−1)` of them, one per step. The report gives round times in
 //!   round trips for both.
+//! - **`quic-window`**: the butterfly with QUIC's default receive window and with a small
+//!   one, on links slow enough that the peers' CPU is not the limit.
 //!
 //! Round times are the benchmark's own: per round, the latest time any peer had its whole
 //! averaged vector, counted from when that peer began the round. The first round also opens
@@ -31,9 +33,11 @@ mod cpu;
 mod efficiency;
 mod latency;
 mod plot;
+mod window;
 
 pub use self::efficiency::{EfficiencyReport, butterfly_efficiency};
 pub use self::latency::{LatencyReport, latency};
+pub use self::window::quic_window;
 
 /// Bytes of an f32 element.
 const F32_BYTES: f64 = 4.0;
@@ -48,6 +52,8 @@ struct BenchSpec {
     rounds: u32,
     /// The butterfly's sender and reducer timeouts, when not the defaults.
     timeouts: Option<(Duration, Duration)>,
+    /// Every peer's QUIC receive window in bytes, when not the default.
+    quic_window: Option<u32>,
     /// How long the whole run may take before it is killed.
     limit: Duration,
 }
@@ -102,6 +108,9 @@ fn run_bench(
         command
             .args(["--chunk-timeout-ms", &chunk.as_millis().to_string()])
             .args(["--reducer-timeout-ms", &reducer.as_millis().to_string()]);
+    }
+    if let Some(window) = spec.quic_window {
+        command.args(["--quic-receive-window", &window.to_string()]);
     }
     let monitor = CpuMonitor::start(harness);
     let output = run_bounded(command, spec.limit);
@@ -197,6 +206,7 @@ mod tests {
             codec: "f32",
             rounds: 4,
             timeouts: None,
+            quic_window: None,
             limit: Duration::from_secs(1),
         };
         let run = BenchRun {

@@ -19,6 +19,7 @@ use murmur_netns::scenario::{
 const SCENARIOS: &[&str] = &[
     "butterfly-efficiency",
     "latency",
+    "quic-window",
     "straggler",
     "convergence",
     "partition",
@@ -55,6 +56,7 @@ fn main() -> ExitCode {
             allreduce::butterfly_efficiency(&options).map(|r| Box::new(r) as Box<dyn Report>)
         }
         "latency" => allreduce::latency(&options).map(|r| Box::new(r) as Box<dyn Report>),
+        "quic-window" => allreduce::quic_window(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "straggler" => straggler::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "convergence" => convergence::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "partition" => partition::run(&options).map(|r| Box::new(r) as Box<dyn Report>),

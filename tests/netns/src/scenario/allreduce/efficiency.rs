@@ -54,8 +54,13 @@ impl EfficiencyCase {
     }
 
     fn name(&self) -> String {
+        let window = self
+            .run
+            .spec
+            .quic_window
+            .map_or(String::new(), |w| format!(" window {w} B"));
         format!(
-            "N={} {} {} Mbit/s",
+            "N={} {} {} Mbit/s{window}",
             self.run.spec.peers,
             self.run.spec.codec,
             self.rate_bits_per_sec / 1_000_000
@@ -82,55 +87,109 @@ impl TcpProbe {
     }
 }
 
-/// What `butterfly-efficiency` measured.
+/// What `butterfly-efficiency` (or `quic-window`) measured.
 #[derive(Debug)]
 pub struct EfficiencyReport {
+    /// The scenario's name: of its report, table and plot.
+    name: &'static str,
     long: bool,
     cases: Vec<EfficiencyCase>,
     tcp: Vec<TcpProbe>,
     plot: Option<PathBuf>,
 }
 
-/// One case to run: peers, link rate, codec, the bar.
-type CasePlan = (usize, u64, &'static str, Option<f64>);
+/// One case to run.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CasePlan {
+    peers: usize,
+    rate: u64,
+    codec: &'static str,
+    elements: usize,
+    rounds: u32,
+    /// Every peer's QUIC receive window, when not the default.
+    quic_window: Option<u32>,
+    /// The least busbw/B that passes, if any.
+    required: Option<f64>,
+}
+
+impl CasePlan {
+    pub(super) fn new(peers: usize, rate: u64, codec: &'static str, required: Option<f64>) -> Self {
+        CasePlan {
+            peers,
+            rate,
+            codec,
+            elements: 16 << 20,
+            rounds: 6,
+            quic_window: None,
+            required,
+        }
+    }
+
+    pub(super) fn sized(self, elements: usize, rounds: u32) -> Self {
+        CasePlan {
+            elements,
+            rounds,
+            ..self
+        }
+    }
+
+    pub(super) fn window(self, bytes: u32) -> Self {
+        CasePlan {
+            quic_window: Some(bytes),
+            ..self
+        }
+    }
+}
 
 /// `butterfly-efficiency`: the butterfly's bus bandwidth as a fraction of the link rate.
 ///
 /// Long: N = 4 and 8, a 64 MiB vector, f32 and int8, 200 Mbit/s links, 20 ms round trips;
 /// bars 0.85 (N = 4) and 0.80 (N = 8) for f32, 3.2 for int8 (f32-equivalent); then f32 at
 /// 50 Mbit/s without a bar, where the machine's CPU is not the limit, and plain TCP through
-/// each harness. Short: N = 4, a 4 MiB vector on 50 Mbit/s links, f32 and int8, bars with
-/// room for a debug build on two shared cores.
+/// each harness. Short: N = 4, a 4 MiB vector on 50 Mbit/s links, f32 and
+/// int8, bars with room for a debug build on two shared cores.
 pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
     const FAST: u64 = 200_000_000;
     const SLOW: u64 = 50_000_000;
-    let (elements, rounds, cases): (usize, u32, &[CasePlan]) = if options.long {
-        let cases = &[
-            (4, FAST, "f32", Some(0.85)),
-            (4, FAST, "int8:64", Some(3.2)),
-            (8, FAST, "f32", Some(0.80)),
-            (8, FAST, "int8:64", Some(3.2)),
-            (4, SLOW, "f32", None),
-            (8, SLOW, "f32", None),
-        ];
-        (16 << 20, 6, cases)
+    let cases: Vec<CasePlan> = if options.long {
+        vec![
+            CasePlan::new(4, FAST, "f32", Some(0.85)),
+            CasePlan::new(4, FAST, "int8:64", Some(3.2)),
+            CasePlan::new(8, FAST, "f32", Some(0.80)),
+            CasePlan::new(8, FAST, "int8:64", Some(3.2)),
+            CasePlan::new(4, SLOW, "f32", None).sized(16 << 20, 4),
+            CasePlan::new(8, SLOW, "f32", None).sized(16 << 20, 4),
+        ]
     } else {
         // Measured at 0.74 and 2.7 on an idle machine, 0.50 and 1.46 with the two cores
         // loaded 10 times over: f32 reaches a third of the rate, int8 beats the f32 bound.
-        let cases = &[
-            (4, SLOW, "f32", Some(0.35)),
-            (4, SLOW, "int8:64", Some(1.0)),
-        ];
-        (1 << 20, 3, cases)
+        vec![
+            CasePlan::new(4, SLOW, "f32", Some(0.35)).sized(1 << 20, 3),
+            CasePlan::new(4, SLOW, "int8:64", Some(1.0)).sized(1 << 20, 3),
+        ]
     };
+    run_cases(options, "butterfly-efficiency", &cases, options.long)
+}
+
+/// Runs `cases` in order, each on a harness of its swarm size and link rate (built anew
+/// when these change), with plain TCP through each harness first when `tcp` is set, and
+/// writes `<name>.md` and `<name>.png`.
+pub(super) fn run_cases(
+    options: &ScenarioOptions,
+    name: &'static str,
+    cases: &[CasePlan],
+    tcp: bool,
+) -> anyhow::Result<EfficiencyReport> {
     let mut report = EfficiencyReport {
+        name,
         long: options.long,
         cases: Vec::new(),
         tcp: Vec::new(),
         plot: None,
     };
     let mut built: Option<(usize, u64, Harness, PathBuf)> = None;
-    for &(peers, rate, codec, required) in cases {
+    for &plan in cases {
+        let (peers, rate) = (plan.peers, plan.rate);
         if built
             .as_ref()
             .is_none_or(|(n, r, _, _)| (*n, *r) != (peers, rate))
@@ -138,10 +197,10 @@ pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<Efficie
             // One harness at a time: drop the last before building the next.
             drop(built.take());
             let (harness, hosts) = build_harness(options, peers, link_for_round_trip(rate, RTT))?;
-            if options.long {
+            if tcp {
                 let probe = tcp_probe(&harness, rate)?;
                 eprintln!(
-                    "butterfly-efficiency: TCP through the harness, N={peers} at {} Mbit/s: {:.3} of the rate per flow",
+                    "{name}: TCP through the harness, N={peers} at {} Mbit/s: {:.3} of the rate per flow",
                     rate / 1_000_000,
                     probe.fraction()
                 );
@@ -155,23 +214,20 @@ pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<Efficie
         let spec = BenchSpec {
             algo: "butterfly",
             peers,
-            elements,
-            codec,
-            rounds: if rate == SLOW && options.long {
-                4
-            } else {
-                rounds
-            },
+            elements: plan.elements,
+            codec: plan.codec,
+            rounds: plan.rounds,
             timeouts: Some(TIMEOUTS),
+            quic_window: plan.quic_window,
             limit: Duration::from_secs(if options.long { 540 } else { 150 }),
         };
         let case = EfficiencyCase {
             run: run_bench(options, harness, hosts, &spec)?,
             rate_bits_per_sec: rate,
-            required,
+            required: plan.required,
         };
         eprintln!(
-            "butterfly-efficiency: {}: median round {:.3} s, bound {:.3} s, busbw/B {:.3}",
+            "{name}: {}: median round {:.3} s, bound {:.3} s, busbw/B {:.3}",
             case.name(),
             case.run.warm_median_s(),
             case.bound_s(),
@@ -189,12 +245,12 @@ pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<Efficie
             round_times_s: c.run.round_times_s.clone(),
         })
         .collect();
-    let plot = options.out.join("butterfly-efficiency.png");
+    let plot = options.out.join(format!("{name}.png"));
     if let Some(note) = plot::efficiency(&plot, &points)? {
-        eprintln!("butterfly-efficiency: {note}");
+        eprintln!("{name}: {note}");
     }
     report.plot = Some(plot);
-    std::fs::write(options.out.join("butterfly-efficiency.md"), report.table())?;
+    std::fs::write(options.out.join(format!("{name}.md")), report.table())?;
     Ok(report)
 }
 
@@ -264,7 +320,7 @@ impl EfficiencyReport {
     /// The results as Markdown tables.
     pub fn table(&self) -> String {
         let mut t = String::from(
-            "| N | codec | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | rounds (s) | median after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            "| N | codec | S (MiB) | QUIC window (B) | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | rounds (s) | median after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for c in &self.cases {
             let rounds: Vec<String> = c
@@ -275,9 +331,14 @@ impl EfficiencyReport {
                 .collect();
             let cpu = c.run.cpu.under_traffic();
             t.push_str(&format!(
-                "| {} | {} | {} | {:.2} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} |\n",
+                "| {} | {} | {:.0} | {} | {} | {:.2} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} |\n",
                 c.run.spec.peers,
                 c.run.spec.codec,
+                c.vector_bytes() / f64::from(1u32 << 20),
+                c.run
+                    .spec
+                    .quic_window
+                    .map_or("default".to_owned(), |w| w.to_string()),
                 c.rate_bits_per_sec / 1_000_000,
                 c.bound_s(),
                 rounds.join(", "),
@@ -332,6 +393,7 @@ impl Report for EfficiencyReport {
                     "elements": c.run.spec.elements,
                     "vector_bytes_f32": c.vector_bytes(),
                     "rate_bits_per_sec": c.rate_bits_per_sec,
+                    "quic_receive_window": c.run.spec.quic_window,
                     "rtt_s": RTT.as_secs_f64(),
                     "round_times_s": c.run.round_times_s,
                     "median_round_after_first_s": c.run.warm_median_s(),
@@ -359,7 +421,7 @@ impl Report for EfficiencyReport {
             })
             .collect();
         json!({
-            "scenario": "butterfly-efficiency",
+            "scenario": self.name,
             "long": self.long,
             "cases": cases,
             "tcp_probe": tcp,
@@ -410,6 +472,7 @@ mod tests {
             codec: "int8:64",
             rounds: 4,
             timeouts: None,
+            quic_window: None,
             limit: Duration::from_secs(1),
         };
         let case = EfficiencyCase {
@@ -429,6 +492,7 @@ mod tests {
         assert!((case.bound_s() - bound).abs() < 1e-9);
         assert!((case.busbw_over_rate() - bound / 4.0).abs() < 1e-9);
         let report = EfficiencyReport {
+            name: "butterfly-efficiency",
             long: true,
             cases: vec![case],
             tcp: Vec::new(),

@@ -41,6 +41,7 @@ pub fn latency(options: &ScenarioOptions) -> anyhow::Result<LatencyReport> {
         codec: "f32",
         rounds,
         timeouts: None,
+        quic_window: None,
         limit,
     };
     let butterfly = run_bench(options, &harness, &hosts, &spec("butterfly"))?;

@@ -89,13 +89,18 @@ pub(super) fn efficiency(
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], line));
     }
     for (i, point) in points.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        // A case run more than once keeps its first run's colour and legend entry.
+        let first = points
+            .iter()
+            .position(|p| p.label == point.label)
+            .unwrap_or(i);
+        let color = Palette99::pick(first).to_rgba();
         let dots = point
             .round_times_s
             .iter()
             .map(|&t| Circle::new((point.bound_s, t), 5, color.filled()));
         let series = chart.draw_series(dots)?;
-        if text {
+        if text && first == i {
             series
                 .label(point.label.clone())
                 .legend(move |(x, y)| Circle::new((x + 9, y), 5, color.filled()));

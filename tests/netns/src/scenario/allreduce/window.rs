@@ -1,0 +1,37 @@
+//! `quic-window`: the butterfly's bus bandwidth with QUIC's default receive window (10 MB per
+//! stream, 15 MB per connection) and with a small one.
+//!
+//! A QUIC write returns once the bytes are in the connection's send buffer, and a receiver
+//! grants as much credit as its window. With the default window a whole part of a 16 MiB
+//! vector is "sent" at once, long before it is on the wire, so a peer that has every average
+//! it needs starts its next round while its own averages are still queued for slower peers,
+//! and that round's parts share its uplink with them. With a window of [`SMALL_WINDOW`] a
+//! write waits until the receiver has read nearly everything before it, so the round's end
+//! means its bytes have arrived. The cost of a small window is the rate of one stream: at most
+//! about a window per round trip (125 kB over 20 ms is 50 Mbit/s), so the links here are
+//! 20 Mbit/s, where that cap does not bind and the peers' CPU is not the limit.
+
+use super::efficiency::{CasePlan, EfficiencyReport, run_cases};
+use crate::scenario::ScenarioOptions;
+
+/// The small QUIC receive window compared with the default, bytes.
+const SMALL_WINDOW: u32 = 125_000;
+/// The links' rate, bits per second.
+const RATE: u64 = 20_000_000;
+
+/// `quic-window`: N = 4 and 8, a 16 MiB f32 vector, 20 Mbit/s links and 20 ms round trips,
+/// 4 rounds with the default window then 4 with [`SMALL_WINDOW`]. A benchmark without a
+/// bar: it passes when every round averages the whole vector. `--long` runs each case
+/// three times.
+pub fn quic_window(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
+    let case = |peers| CasePlan::new(peers, RATE, "f32", None).sized(4 << 20, 4);
+    let repeats = if options.long { 3 } else { 1 };
+    let mut cases = Vec::new();
+    for peers in [4, 8] {
+        for _ in 0..repeats {
+            cases.push(case(peers));
+            cases.push(case(peers).window(SMALL_WINDOW));
+        }
+    }
+    run_cases(options, "quic-window", &cases, false)
+}
