@@ -1,6 +1,7 @@
 //! Mailbox and outbox between two authorized peers: parcels of every averaging kind arrive
 //! whole and in order, each is reported sent, buffers are reused, and a parcel for a peer
-//! that is gone comes back as failed instead of vanishing.
+//! that is gone comes back as failed instead of vanishing, the parcels queued behind it
+//! without dialing it again each.
 
 #[path = "net_support/mod.rs"]
 mod support;
@@ -158,4 +159,53 @@ async fn a_parcel_for_a_departed_peer_comes_back_failed() {
     assert_eq!(report.tag, 42);
     assert!(report.result.is_err(), "nobody took it");
     assert_eq!(report.parcel, parcel, "the parcel comes back whole");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parcels_queued_for_an_unreachable_peer_cost_one_failed_dial_not_one_each() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(5, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(6, InviteKind::Valid).await;
+    connect(&a, &b).await;
+    let b_id = b.local_peer_id();
+    eventually(WAIT, "a sees b", || async {
+        a.peers().await.unwrap_or_default().contains(&b_id)
+    })
+    .await;
+    b.shutdown().await.expect("b stops");
+    eventually(WAIT, "a notices that b is gone", || async {
+        !a.peers().await.unwrap_or_default().contains(&b_id)
+    })
+    .await;
+
+    // a still knows b's address: the first parcel dials it, and the dial fails only when
+    // the handshake times out.
+    let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
+    let parcel = parcels(b_id, a.local_peer_id()).swap_remove(0);
+    let queued = 4u64;
+    for tag in 0..queued {
+        outbox
+            .send(b_id, tag, parcel.clone())
+            .expect("room in the queue");
+    }
+    let started = std::time::Instant::now();
+    let mut first = None;
+    for tag in 0..queued {
+        let report = tokio::time::timeout(Duration::from_secs(30), outbox.next_report())
+            .await
+            .expect("the failure is reported within the network layer's bounds")
+            .expect("the outbox is open");
+        assert_eq!(report.tag, tag, "reports come in order");
+        assert!(report.result.is_err(), "nobody took parcel {tag}");
+        assert_eq!(report.parcel, parcel, "parcel {tag} comes back whole");
+        first.get_or_insert(started.elapsed());
+    }
+    let first = first.expect("one report at least");
+    let all = started.elapsed();
+    println!("first failure after {first:?}, all {queued} after {all:?}");
+    assert!(
+        all <= first + Duration::from_secs(1),
+        "the parcels behind the first took {:?} more: each dialed again",
+        all - first
+    );
 }

@@ -148,16 +148,19 @@ async fn write_to(
             Ok(None) | Err(_) => break,
         };
         let mut result = write_one(&net, &to, &mut stream, &next.parcel).await;
-        if result.is_err() {
-            // Once more on a fresh stream: libp2p may have opened the first on a
-            // connection that was closing while another one to the same peer lives. A frame
-            // cut short on the old stream is discarded by the receiver, so nothing arrives
-            // twice.
+        if result.is_err() && stream.is_some() {
+            // The write failed: once more on a fresh stream. libp2p may have opened the
+            // first on a connection that was closing while another one to the same peer
+            // lives. A frame cut short on the old stream is discarded by the receiver, so
+            // nothing arrives twice.
             stream = None;
             result = write_one(&net, &to, &mut stream, &next.parcel).await;
-            if result.is_err() {
-                stream = None;
-            }
+        }
+        // No stream left after an error: opening one failed, so the peer cannot be reached
+        // now (a dial to a dead peer fails only at the handshake timeout).
+        let unreachable = result.is_err() && stream.is_none();
+        if result.is_err() {
+            stream = None;
         }
         let report = SendReport {
             to,
@@ -167,6 +170,24 @@ async fn write_to(
         };
         if reports.send(report).await.is_err() {
             return;
+        }
+        if unreachable {
+            // Each parcel already queued behind it would dial again and wait as long:
+            // report them failed now. Parcels queued later try again.
+            while let Ok(late) = queue.try_recv() {
+                let report = SendReport {
+                    to,
+                    tag: late.tag,
+                    parcel: late.parcel,
+                    result: Err(NetError::OpenStream {
+                        peer: to,
+                        reason: "opening a stream to it has just failed".to_owned(),
+                    }),
+                };
+                if reports.send(report).await.is_err() {
+                    return;
+                }
+            }
         }
     }
     // Stop taking parcels before the close, then report any that raced in as failed so
