@@ -93,7 +93,13 @@ struct BenchPeer {
     mailbox: Mailbox,
     outbox: Outbox,
     events: broadcast::Receiver<NetEvent>,
+    /// The members of the next round besides this peer: every peer that connected, until
+    /// a round finds it silent. A lost connection alone does not remove a peer, because
+    /// each peer learns of it at its own moment, and a round that begins between two
+    /// peers' moments would be split by them into different layouts.
     peers: BTreeSet<PeerId>,
+    /// Peers whose connections closed: rounds give up on them at once.
+    disconnected: BTreeSet<PeerId>,
     clock: Instant,
     codec: CodecSpec,
     butterfly: ButterflyConfig,
@@ -134,12 +140,16 @@ impl RoundHost for BenchPeer {
         match event {
             NetEvent::PeerAuthorized { peer, .. } => {
                 self.peers.insert(*peer);
+                self.disconnected.remove(peer);
             }
             NetEvent::PeerDisconnected { peer } | NetEvent::PeerRejected { peer, .. } => {
-                self.peers.remove(peer);
+                self.disconnected.insert(*peer);
             }
             NetEvent::Heartbeat { .. } => {}
         }
+    }
+    fn is_gone(&self, peer: &PeerId) -> bool {
+        self.disconnected.contains(peer)
     }
     fn set_paused(&mut self, _: bool) {}
     fn count_raw(&mut self, bytes: u64) {
@@ -186,6 +196,7 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
             outbox,
             events,
             peers: BTreeSet::new(),
+            disconnected: BTreeSet::new(),
             clock: Instant::now(),
             codec: loaded.averaging.codec,
             butterfly: loaded.averaging.butterfly.clone(),
@@ -220,11 +231,12 @@ fn stdin_closed() -> oneshot::Receiver<()> {
 
 async fn gather(peer: &mut BenchPeer, want: usize) -> anyhow::Result<()> {
     let until = tokio::time::Instant::now() + GATHER_BOUND;
-    while peer.peers.len() < want {
+    let connected = |peer: &BenchPeer| peer.peers.difference(&peer.disconnected).count();
+    while connected(peer) < want {
         match tokio::time::timeout_at(until, peer.events.recv()).await {
             Err(_) => anyhow::bail!(
                 "only {} of {want} other peers connected within {GATHER_BOUND:?}",
-                peer.peers.len()
+                connected(peer)
             ),
             Ok(Ok(event)) => peer.note_event(&event),
             Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
@@ -283,7 +295,14 @@ async fn bench(
                     "coverage": outcome.coverage,
                     "coverage_all": outcome.coverage_all,
                     "group": outcome.group,
+                    "given_up": outcome.silent_reducers.len(),
                 }));
+                // A reducer whose averages never came (timed out, or its connection closed)
+                // is gone: every member saw the same, so all of them leave it out of the
+                // next rounds, at the same round.
+                for gone in &outcome.silent_reducers {
+                    peer.peers.remove(gone);
+                }
                 buffers = outcome.spare;
                 buffers.result = outcome.values;
             }
@@ -394,7 +413,7 @@ async fn gossip(
                                 payload: &payload,
                                 // A failed stream is not a departed peer: the network
                                 // says when its last connection closes.
-                                receiver_gone: !peer.peers.contains(&to),
+                                receiver_gone: peer.disconnected.contains(&to),
                             };
                             machine.handle(now, input)?;
                         }

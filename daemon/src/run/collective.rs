@@ -49,6 +49,12 @@ pub(crate) trait RoundHost {
     fn mailbox(&self) -> &Mailbox;
     /// A membership event arrived during the round.
     fn note_event(&mut self, event: &Event);
+    /// Whether `peer`, a member of the round, is known to be gone (its connections
+    /// closed): the round gives up on it at once and sends it nothing, rather than dialing
+    /// it again for every chunk.
+    fn is_gone(&self, _peer: &PeerId) -> bool {
+        false
+    }
     /// A pause or resume arrived during the round.
     fn set_paused(&mut self, paused: bool);
     /// `bytes` of raw `f32` went out (encoded).
@@ -192,6 +198,11 @@ pub(crate) struct RoundOutcome {
     pub(crate) stragglers_dropped: u32,
     /// Parts whose reducer fell silent, kept at local values (butterfly).
     pub(crate) parts_timed_out: u32,
+    /// The reducers of those parts (butterfly): members that sent none of their averages
+    /// within the reducer timeout, or whose connection closed. A reducer sends the same
+    /// averages to every member, so the members of a round see the same reducers fall
+    /// silent.
+    pub(crate) silent_reducers: Vec<PeerId>,
     /// Relative L2 distance between this member's contribution and the result
     /// (butterfly; `None` for the ring).
     pub(crate) drift: Option<f64>,
@@ -216,12 +227,13 @@ impl RoundOutcome {
 }
 
 /// What a finished round reported.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Finished {
     coverage: f64,
     coverage_all: f64,
     stragglers_dropped: u32,
     parts_timed_out: u32,
+    silent_reducers: Vec<PeerId>,
 }
 
 impl Finished {
@@ -232,6 +244,7 @@ impl Finished {
             coverage_all: coverage,
             stragglers_dropped: 0,
             parts_timed_out: 0,
+            silent_reducers: Vec::new(),
         }
     }
 }
@@ -331,6 +344,11 @@ pub(crate) async fn average<H: RoundHost>(
     let mut stop_requested = false;
     let mut finished_after = None;
 
+    if let Machine::Butterfly(r) = &mut machine {
+        for gone in members.iter().filter(|m| peer.is_gone(m)) {
+            r.handle(now, RoundInput::MemberLost(*gone))?;
+        }
+    }
     for d in early.take(peer.mailbox(), round) {
         feed(peer, &mut machine, d)?;
     }
@@ -431,7 +449,7 @@ pub(crate) async fn average<H: RoundHost>(
             Wake::Request(Request::Resume) => peer.set_paused(false),
         }
     }
-    let end = finished.unwrap_or(Finished::whole(0.0));
+    let end = finished.unwrap_or_else(|| Finished::whole(0.0));
     let (values, drift) = match machine {
         Machine::Butterfly(r) => {
             buffers = r.into_buffers();
@@ -452,6 +470,7 @@ pub(crate) async fn average<H: RoundHost>(
         coverage_all: end.coverage_all,
         stragglers_dropped: end.stragglers_dropped,
         parts_timed_out: end.parts_timed_out,
+        silent_reducers: end.silent_reducers,
         drift,
         duration: started.elapsed(),
         finished_after: finished_after.unwrap_or_else(|| started.elapsed()),
@@ -559,12 +578,13 @@ fn drain<H: RoundHost>(
                     let members = u32::try_from(group).unwrap_or(u32::MAX);
                     let dropped = u32::try_from(report.dropped_senders.len()).unwrap_or(0);
                     let alive = members.saturating_sub(dropped).max(1);
+                    let fallbacks = report.fallback_reducers();
                     *finished = Some(Finished {
                         coverage: report.fraction_covered_by(alive),
                         coverage_all: report.fraction_covered_by(members),
                         stragglers_dropped: dropped,
-                        parts_timed_out: u32::try_from(report.fallback_reducers().len())
-                            .unwrap_or(u32::MAX),
+                        parts_timed_out: u32::try_from(fallbacks.len()).unwrap_or(u32::MAX),
+                        silent_reducers: fallbacks,
                     });
                     continue;
                 }
@@ -591,6 +611,14 @@ fn drain<H: RoundHost>(
                 }
             },
         };
+        if peer.is_gone(&to) {
+            let now = peer.now();
+            match machine {
+                Machine::Butterfly(r) => r.handle(now, RoundInput::Sent { to, payload })?,
+                Machine::Ring(r) => r.handle(now, RingInput::Sent { payload })?,
+            }
+            continue;
+        }
         let bytes = match machine {
             Machine::Butterfly(r) => r.payload(payload),
             Machine::Ring(r) => r.payload(payload),
