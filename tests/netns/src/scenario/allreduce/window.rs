@@ -19,18 +19,20 @@ const SMALL_WINDOW: u32 = 125_000;
 /// The links' rate, bits per second.
 const RATE: u64 = 20_000_000;
 
-/// `quic-window`: N = 4 and 8, a 16 MiB f32 vector, 20 Mbit/s links and 20 ms round trips,
-/// 4 rounds with the default window then 4 with a 125 kB one. A benchmark without a
-/// bar: it passes when every round averages the whole vector. `--long` runs each case
-/// three times.
+/// `quic-window`: N = 4 and 8, a 16 MiB vector in f32 and in int8, 20 Mbit/s links and
+/// 20 ms round trips, 4 rounds with the default window then 4 with a 125 kB one, for each
+/// codec. A benchmark without a bar: it passes when every round averages the whole vector.
+/// `--long` runs each case three times.
 pub fn quic_window(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
-    let case = |peers| CasePlan::new(peers, RATE, "f32", None).sized(4 << 20, 4);
+    let case = |peers, codec| CasePlan::new(peers, RATE, codec, None).sized(4 << 20, 4);
     let repeats = if options.long { 3 } else { 1 };
     let mut cases = Vec::new();
     for peers in [4, 8] {
         for _ in 0..repeats {
-            cases.push(case(peers));
-            cases.push(case(peers).window(SMALL_WINDOW));
+            for codec in ["f32", "int8:64"] {
+                cases.push(case(peers, codec));
+                cases.push(case(peers, codec).window(SMALL_WINDOW));
+            }
         }
     }
     run_cases(options, "quic-window", &cases, false)
