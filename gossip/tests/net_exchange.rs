@@ -9,6 +9,7 @@ mod support;
 use std::time::Duration;
 
 use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel};
+use murmur_gossip::net::{NetHandle, NetInbound};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
@@ -130,11 +131,12 @@ async fn parcels_arrive_whole_in_order_and_are_reported() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_parcel_for_a_departed_peer_comes_back_failed() {
+/// Peer `a` (keys from `seed`) and the id of a peer that connected to it, was authorized
+/// and stopped: `a` knows its address but no longer has a connection to it.
+async fn peer_and_departed_one(seed: u8) -> (NetHandle, NetInbound, PeerId) {
     let authority = Authority::new();
-    let (a, _a_in) = authority.spawn(3, InviteKind::Valid).await;
-    let (b, _b_in) = authority.spawn(4, InviteKind::Valid).await;
+    let (a, a_in) = authority.spawn(seed, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(seed + 1, InviteKind::Valid).await;
     connect(&a, &b).await;
     let b_id = b.local_peer_id();
     eventually(WAIT, "a sees b", || async {
@@ -146,6 +148,12 @@ async fn a_parcel_for_a_departed_peer_comes_back_failed() {
         !a.peers().await.unwrap_or_default().contains(&b_id)
     })
     .await;
+    (a, a_in, b_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parcel_for_a_departed_peer_comes_back_failed() {
+    let (a, _a_in, b_id) = peer_and_departed_one(3).await;
 
     let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
     let parcel = parcels(b_id, a.local_peer_id()).swap_remove(0);
@@ -163,20 +171,7 @@ async fn a_parcel_for_a_departed_peer_comes_back_failed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parcels_queued_for_an_unreachable_peer_cost_one_failed_dial_not_one_each() {
-    let authority = Authority::new();
-    let (a, _a_in) = authority.spawn(5, InviteKind::Valid).await;
-    let (b, _b_in) = authority.spawn(6, InviteKind::Valid).await;
-    connect(&a, &b).await;
-    let b_id = b.local_peer_id();
-    eventually(WAIT, "a sees b", || async {
-        a.peers().await.unwrap_or_default().contains(&b_id)
-    })
-    .await;
-    b.shutdown().await.expect("b stops");
-    eventually(WAIT, "a notices that b is gone", || async {
-        !a.peers().await.unwrap_or_default().contains(&b_id)
-    })
-    .await;
+    let (a, _a_in, b_id) = peer_and_departed_one(5).await;
 
     // a still knows b's address: the first parcel dials it, and the dial fails only when
     // the handshake times out.
