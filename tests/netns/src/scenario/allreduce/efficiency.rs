@@ -146,8 +146,8 @@ impl CasePlan {
 /// Long: N = 4 and 8, a 64 MiB vector, f32 and int8, 200 Mbit/s links, 20 ms round trips;
 /// bars 0.85 (N = 4) and 0.80 (N = 8) for f32, 3.2 for int8 (f32-equivalent); then f32 at
 /// 50 Mbit/s without a bar, where the machine's CPU is not the limit, and plain TCP through
-/// each harness. Short: N = 4, a 4 MiB vector on 50 Mbit/s links, f32 and
-/// int8, bars with room for a debug build on two shared cores.
+/// each harness. Short: N = 4, a 4 MiB vector on 50 Mbit/s links, f32 and int8, bars with
+/// room for a debug build on two shared cores.
 pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
     const FAST: u64 = 200_000_000;
     const SLOW: u64 = 50_000_000;
