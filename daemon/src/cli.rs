@@ -295,6 +295,10 @@ pub(crate) struct AllreduceArgs {
     /// 10 MB and 15 MB): how far a sender's writes may run ahead of what has arrived.
     #[arg(long, value_name = "BYTES")]
     pub(crate) quic_receive_window: Option<u32>,
+    /// Butterfly and ring: each peer begins a round as soon as its last one ended, instead
+    /// of once every peer has said it is ready for it.
+    #[arg(long)]
+    pub(crate) free_start: bool,
 }
 
 #[derive(Debug, Args)]
@@ -317,4 +321,8 @@ pub(crate) struct AllreducePeerArgs {
     /// Rounds.
     #[arg(long)]
     pub(crate) rounds: u64,
+    /// Begin each round as soon as the last one ended here, without waiting until every
+    /// peer is ready for it.
+    #[arg(long)]
+    pub(crate) free_start: bool,
 }

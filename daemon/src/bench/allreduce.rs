@@ -7,6 +7,14 @@
 //! under each host's launcher and listening on its address (see [`crate::hosts`]). There the
 //! links are not loopback, so no single-stream reference is measured and the efficiency is
 //! left out: whoever shaped the links knows their rate and divides by it.
+//!
+//! A round's time is the latest time any peer had its whole result, counted from when that
+//! peer began the round. Its period is the time from the previous round's last result to
+//! this one's (the first round's from its earliest start): what back-to-back rounds cost,
+//! waits between rounds included. Periods compare the peers' wall clocks, so they mean
+//! something only where all peers run on one host (loopback, or network namespaces).
+//! Butterfly and ring peers begin each round once every peer has said it is ready for it,
+//! unless `--free-start`.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Stdio};
@@ -305,6 +313,7 @@ fn spawn_peer(
         .args(["--elements", &args.elements.to_string()])
         .args(["--algo", algo])
         .args(["--rounds", &args.rounds.to_string()])
+        .args(args.free_start.then_some("--free-start"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -383,7 +392,74 @@ fn report(
     discovery_s: f64,
     dir: &std::path::Path,
 ) -> anyhow::Result<f64> {
+    let rows = round_rows(args, stream_bps, rounds)?;
+    let median = |key: &str| {
+        let mut v: Vec<f64> = rows.iter().filter_map(|r| r[key].as_f64()).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let algo = format!("{:?}", args.algo).to_lowercase();
+    let summary = json!({
+        "peers": args.peers,
+        "elements": args.elements,
+        "codec": codec.to_string(),
+        "algo": algo,
+        "stream_bytes_per_s": stream_bps,
+        "discovery_s": discovery_s,
+        "median_time_s": median("time_s"),
+        "median_period_s": median("period_s"),
+        "median_efficiency": median("efficiency"),
+        "median_rel_error": median("rel_error"),
+        "rounds": rows,
+        "logs": dir.display().to_string(),
+    });
+    if args.json {
+        println!("{summary}");
+        return Ok(median("time_s"));
+    }
+    match stream_bps {
+        Some(stream) => println!(
+            "{} peers, {} elements, {codec}, {algo}; one tensor stream: {:.1} MB/s",
+            args.peers,
+            args.elements,
+            stream / 1e6
+        ),
+        None => println!(
+            "{} peers, {} elements, {codec}, {algo}; on the --hosts links",
+            args.peers, args.elements
+        ),
+    }
+    println!("every peer found every other (via the DHT) within {discovery_s:.2} s");
+    println!("round   time (s)   period (s)   MB sent/peer   rel. error   coverage   efficiency");
+    for row in &rows {
+        println!(
+            "{:>5}   {:>8.3}   {:>10.3}   {:>12.2}   {:>10.2e}   {:>8.3}   {:>10.3}",
+            row["round"],
+            row["time_s"].as_f64().unwrap_or(f64::NAN),
+            row["period_s"].as_f64().unwrap_or(f64::NAN),
+            row["bytes_sent_per_peer"].as_f64().unwrap_or(f64::NAN) / 1e6,
+            row["rel_error"].as_f64().unwrap_or(f64::NAN),
+            row["coverage"].as_f64().unwrap_or(f64::NAN),
+            row["efficiency"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    println!(
+        "median: {:.3} s per round, efficiency {:.3}",
+        median("time_s"),
+        median("efficiency")
+    );
+    Ok(median("time_s"))
+}
+
+/// One summary row per round from the peers' lines (`None` for a peer that did not report
+/// it).
+fn round_rows(
+    args: &AllreduceArgs,
+    stream_bps: Option<f64>,
+    rounds: &[Vec<Option<Value>>],
+) -> anyhow::Result<Vec<Value>> {
     let mut rows = Vec::new();
+    let mut last_finish: Option<f64> = None;
     for (round, peers) in rounds.iter().enumerate() {
         let lines: Vec<&Value> = peers.iter().flatten().collect();
         let expected = match args.kill_peer {
@@ -408,9 +484,13 @@ fn report(
         let error = f("rel_error").fold(0.0, f64::max);
         let coverage = f("coverage").fold(1.0, f64::min);
         let coverage_all = f("coverage_all").fold(1.0, f64::min);
+        let finish = f("finished_unix_s").fold(f64::NAN, f64::max);
+        let period = finish - last_finish.unwrap_or(f("began_unix_s").fold(f64::NAN, f64::min));
+        last_finish = Some(finish);
         rows.push(json!({
             "round": round,
             "time_s": time,
+            "period_s": period,
             "bytes_sent_per_peer": bytes / lines.len() as f64,
             "rel_error": error,
             "coverage": coverage,
@@ -418,60 +498,7 @@ fn report(
             "efficiency": stream_bps.map(|stream| bytes / time / stream),
         }));
     }
-    let median = |key: &str| {
-        let mut v: Vec<f64> = rows.iter().filter_map(|r| r[key].as_f64()).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-    };
-    let algo = format!("{:?}", args.algo).to_lowercase();
-    let summary = json!({
-        "peers": args.peers,
-        "elements": args.elements,
-        "codec": codec.to_string(),
-        "algo": algo,
-        "stream_bytes_per_s": stream_bps,
-        "discovery_s": discovery_s,
-        "median_time_s": median("time_s"),
-        "median_efficiency": median("efficiency"),
-        "median_rel_error": median("rel_error"),
-        "rounds": rows,
-        "logs": dir.display().to_string(),
-    });
-    if args.json {
-        println!("{summary}");
-        return Ok(median("time_s"));
-    }
-    match stream_bps {
-        Some(stream) => println!(
-            "{} peers, {} elements, {codec}, {algo}; one tensor stream: {:.1} MB/s",
-            args.peers,
-            args.elements,
-            stream / 1e6
-        ),
-        None => println!(
-            "{} peers, {} elements, {codec}, {algo}; on the --hosts links",
-            args.peers, args.elements
-        ),
-    }
-    println!("every peer found every other (via the DHT) within {discovery_s:.2} s");
-    println!("round   time (s)   MB sent/peer   rel. error   coverage   efficiency");
-    for row in &rows {
-        println!(
-            "{:>5}   {:>8.3}   {:>12.2}   {:>10.2e}   {:>8.3}   {:>10.3}",
-            row["round"],
-            row["time_s"].as_f64().unwrap_or(f64::NAN),
-            row["bytes_sent_per_peer"].as_f64().unwrap_or(f64::NAN) / 1e6,
-            row["rel_error"].as_f64().unwrap_or(f64::NAN),
-            row["coverage"].as_f64().unwrap_or(f64::NAN),
-            row["efficiency"].as_f64().unwrap_or(f64::NAN),
-        );
-    }
-    println!(
-        "median: {:.3} s per round, efficiency {:.3}",
-        median("time_s"),
-        median("efficiency")
-    );
-    Ok(median("time_s"))
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -519,7 +546,30 @@ mod tests {
             chunk_timeout_ms,
             reducer_timeout_ms,
             quic_receive_window: None,
+            free_start: false,
         }
+    }
+
+    #[test]
+    fn a_period_runs_from_the_last_result_of_the_round_before() {
+        let line = |began: f64, time: f64| {
+            Some(json!({
+                "time_s": time, "bytes_sent": 100.0, "rel_error": 0.0, "coverage": 1.0,
+                "coverage_all": 1.0, "began_unix_s": began, "finished_unix_s": began + time,
+            }))
+        };
+        // Round 0: starts at 100 and 101, results at 103 and 102. Round 1: the second
+        // peer begins late, at 104.5, and has its result at 105.
+        let rounds = vec![
+            vec![line(100.0, 3.0), line(101.0, 1.0)],
+            vec![line(103.5, 1.0), line(104.5, 0.5)],
+        ];
+        let rows = round_rows(&args(None, None), None, &rounds).unwrap();
+        let get = |r: usize, key: &str| rows[r][key].as_f64().unwrap();
+        assert_eq!(get(0, "period_s"), 3.0);
+        assert_eq!(get(0, "time_s"), 3.0);
+        assert_eq!(get(1, "period_s"), 2.0);
+        assert_eq!(get(1, "time_s"), 1.0);
     }
 
     #[test]

@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use murmur_gossip::Time;
 use murmur_gossip::butterfly::{ButterflyConfig, RoundBuffers};
-use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel};
+use murmur_gossip::net::exchange::{
+    Delivery, Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel,
+};
 use murmur_gossip::net::{self, NetEvent, NetHandle, NetIdentity};
 use murmur_gossip::sgp::{SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use murmur_protocol::codec::CodecSpec;
@@ -32,6 +34,10 @@ use crate::cli::{AllreduceAlgo, AllreducePeerArgs};
 use crate::config;
 use crate::input_error::BadInput;
 use crate::run::collective::{self, Collective, Early, RoundHost, RoundIo};
+
+mod round_start;
+
+use self::round_start::Readiness;
 
 /// How long a peer waits for the whole swarm before it gives up.
 const GATHER_BOUND: Duration = Duration::from_secs(60);
@@ -100,6 +106,11 @@ struct BenchPeer {
     peers: BTreeSet<PeerId>,
     /// Peers whose connections closed: rounds give up on them at once.
     disconnected: BTreeSet<PeerId>,
+    /// The rounds members said they are ready for.
+    ready: Readiness,
+    /// Members that did not say they were ready for this round in time: the round gives up
+    /// on them at once.
+    unready: BTreeSet<PeerId>,
     clock: Instant,
     codec: CodecSpec,
     butterfly: ButterflyConfig,
@@ -149,7 +160,13 @@ impl RoundHost for BenchPeer {
         }
     }
     fn is_gone(&self, peer: &PeerId) -> bool {
-        self.disconnected.contains(peer)
+        self.disconnected.contains(peer) || self.unready.contains(peer)
+    }
+    fn note_parcel(&mut self, delivery: Delivery) {
+        if let Parcel::JoinGroup(ready) = &delivery.parcel {
+            self.ready.note(delivery.from, ready.round);
+        }
+        self.mailbox.recycle(delivery.parcel.into_payload());
     }
     fn set_paused(&mut self, _: bool) {}
     fn count_raw(&mut self, bytes: u64) {
@@ -158,6 +175,14 @@ impl RoundHost for BenchPeer {
     fn measures_drift(&self) -> bool {
         false
     }
+}
+
+/// Seconds since the Unix epoch: comparable between the peers of one host, which is where
+/// the benchmark's round periods are measured.
+fn unix_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 fn emit(line: serde_json::Value) {
@@ -197,6 +222,8 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
             events,
             peers: BTreeSet::new(),
             disconnected: BTreeSet::new(),
+            ready: Readiness::default(),
+            unready: BTreeSet::new(),
             clock: Instant::now(),
             codec: loaded.averaging.codec,
             butterfly: loaded.averaging.butterfly.clone(),
@@ -267,6 +294,7 @@ async fn bench(
                 Collective::Butterfly
             };
             let mut early = Early::default();
+            let samples = args.index as u64 + 1;
             // The butterfly hands its contribution back unchanged, so after the first round
             // nothing of the vector's size is built, copied or allocated between rounds.
             let mut buffers = RoundBuffers::from(local.clone());
@@ -275,9 +303,22 @@ async fn bench(
                     // The ring scales its input in place and keeps it.
                     buffers.local.extend_from_slice(&local);
                 }
+                let waited = if args.free_start {
+                    Duration::ZERO
+                } else {
+                    // Before the first round a peer may still be finding the others.
+                    let bound = if round == 0 {
+                        GATHER_BOUND
+                    } else {
+                        peer.butterfly.chunk_timeout()
+                    };
+                    peer.agree_to_start(&mut early, round, samples, bound)
+                        .await?
+                };
                 let sent_before = peer.net.metrics().snapshot().tensor_bytes_sent;
                 let mut members: Vec<PeerId> = peer.peers.iter().copied().collect();
                 members.push(peer.me);
+                let began = unix_s();
                 let started = Instant::now();
                 let outcome =
                     collective::average(peer, &mut early, kind, round, members, buffers, weight)
@@ -290,6 +331,9 @@ async fn bench(
                     "round": round,
                     "time_s": time_s,
                     "until_idle_s": idle_s,
+                    "waited_s": waited.as_secs_f64(),
+                    "began_unix_s": began,
+                    "finished_unix_s": began + time_s,
                     "bytes_sent": sent,
                     "rel_error": relative_error(&outcome.values, &exact),
                     "coverage": outcome.coverage,
@@ -329,6 +373,7 @@ async fn gossip(
     let bound = Duration::from_secs(120);
     let mut pending: Option<u64> = None;
     for round in 0..args.rounds {
+        let began = unix_s();
         let started = Instant::now();
         let sent_before = peer.net.metrics().snapshot().tensor_bytes_sent;
         let target = steps_per_round * (round + 1);
@@ -428,11 +473,14 @@ async fn gossip(
         }
         machine.debiased_into(&mut z)?;
         let sent = peer.net.metrics().snapshot().tensor_bytes_sent - sent_before;
+        let time_s = started.elapsed().as_secs_f64();
         emit(json!({
             "event": "round",
             "round": round,
-            "time_s": started.elapsed().as_secs_f64(),
-            "until_idle_s": started.elapsed().as_secs_f64(),
+            "time_s": time_s,
+            "until_idle_s": time_s,
+            "began_unix_s": began,
+            "finished_unix_s": began + time_s,
             "bytes_sent": sent,
             "rel_error": relative_error(&z, &exact),
             "coverage": 1.0,

@@ -49,6 +49,11 @@ pub(crate) trait RoundHost {
     fn mailbox(&self) -> &Mailbox;
     /// A membership event arrived during the round.
     fn note_event(&mut self, event: &Event);
+    /// A parcel that is no chunk (a group message) arrived during the round; by default it
+    /// is dropped.
+    fn note_parcel(&mut self, delivery: Delivery) {
+        self.mailbox().recycle(delivery.parcel.into_payload());
+    }
     /// Whether `peer`, a member of the round, is known to be gone (its connections
     /// closed): the round gives up on it at once and sends it nothing, rather than dialing
     /// it again for every chunk.
@@ -400,7 +405,8 @@ pub(crate) async fn average<H: RoundHost>(
             Wake::Delivery(d) => match group_of(&d.parcel) {
                 Some(g) if g == round => feed(peer, &mut machine, d)?,
                 Some(g) if g > round => early.keep(peer.mailbox(), d),
-                _ => peer.mailbox().recycle(d.parcel.into_payload()),
+                Some(_) => peer.mailbox().recycle(d.parcel.into_payload()),
+                None => peer.note_parcel(d),
             },
             Wake::Report(report) => {
                 match &report.result {

@@ -14,9 +14,13 @@
 //! - **`quic-window`**: the butterfly with QUIC's default receive window and with a small
 //!   one, on links slow enough that the peers' CPU is not the limit.
 //!
-//! Round times are the benchmark's own: per round, the latest time any peer had its whole
-//! averaged vector, counted from when that peer began the round. The first round also opens
-//! streams and grows congestion windows, so the medians are over the rounds after it.
+//! Round times and periods are the benchmark's own: a round's time is the latest time any
+//! peer had its whole averaged vector, counted from when that peer began the round; its
+//! period is the time from the previous round's last result to this one's, waits between
+//! rounds included. Bus bandwidth is reckoned from periods, what back-to-back rounds really
+//! cost; the latency bar is on round times. Peers begin each round once all are ready for it
+//! (see `murmur bench allreduce --free-start` for the other way). The first round also
+//! opens streams and grows congestion windows, so the medians are over the rounds after it.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -54,6 +58,8 @@ struct BenchSpec {
     timeouts: Option<(Duration, Duration)>,
     /// Every peer's QUIC receive window in bytes, when not the default.
     quic_window: Option<u32>,
+    /// Peers begin each round as soon as their last one ended (`--free-start`).
+    free_start: bool,
     /// How long the whole run may take before it is killed.
     limit: Duration,
 }
@@ -64,6 +70,8 @@ struct BenchRun {
     spec: BenchSpec,
     /// Per round: the time until every peer had its result, seconds.
     round_times_s: Vec<f64>,
+    /// Per round: from the previous round's last result to this one's, seconds.
+    round_periods_s: Vec<f64>,
     /// The largest relative error against the exact mean over all rounds.
     max_rel_error: f64,
     /// The smallest fraction of the vector averaged over every member, over all rounds.
@@ -75,11 +83,22 @@ struct BenchRun {
 }
 
 impl BenchRun {
-    /// The median over the rounds after the first (all rounds when there is only one).
+    /// The median round time over the rounds after the first (all rounds when there is
+    /// only one).
     fn warm_median_s(&self) -> f64 {
-        let warm = self.round_times_s.get(1..).filter(|w| !w.is_empty());
-        median(warm.unwrap_or(&self.round_times_s))
+        warm_median(&self.round_times_s)
     }
+
+    /// The median period over the rounds after the first.
+    fn warm_median_period_s(&self) -> f64 {
+        warm_median(&self.round_periods_s)
+    }
+}
+
+/// The median over all values but the first (all of them when there is only one).
+fn warm_median(values: &[f64]) -> f64 {
+    let warm = values.get(1..).filter(|w| !w.is_empty());
+    median(warm.unwrap_or(values))
 }
 
 /// The middle value (upper middle for an even count); NaN for none.
@@ -111,6 +130,9 @@ fn run_bench(
     }
     if let Some(window) = spec.quic_window {
         command.args(["--quic-receive-window", &window.to_string()]);
+    }
+    if spec.free_start {
+        command.arg("--free-start");
     }
     let monitor = CpuMonitor::start(harness);
     let output = run_bounded(command, spec.limit);
@@ -146,6 +168,7 @@ fn run_bench(
     let mut run = BenchRun {
         spec: spec.clone(),
         round_times_s: Vec::new(),
+        round_periods_s: Vec::new(),
         max_rel_error: 0.0,
         min_coverage: 1.0,
         bytes_sent_per_peer: 0.0,
@@ -153,6 +176,7 @@ fn run_bench(
     };
     for round in rounds {
         run.round_times_s.push(field(round, "time_s")?);
+        run.round_periods_s.push(field(round, "period_s")?);
         run.max_rel_error = run.max_rel_error.max(field(round, "rel_error")?);
         run.min_coverage = run.min_coverage.min(field(round, "coverage_all")?);
         run.bytes_sent_per_peer += field(round, "bytes_sent_per_peer")? / rounds.len() as f64;
@@ -207,17 +231,20 @@ mod tests {
             rounds: 4,
             timeouts: None,
             quic_window: None,
+            free_start: false,
             limit: Duration::from_secs(1),
         };
         let run = BenchRun {
             spec,
             round_times_s: vec![9.0, 4.0, 5.0, 3.0],
+            round_periods_s: vec![9.5, 4.5, 5.5, 3.5],
             max_rel_error: 0.0,
             min_coverage: 1.0,
             bytes_sent_per_peer: 0.0,
             cpu: CpuUse::default(),
         };
         assert_eq!(run.warm_median_s(), 4.0);
+        assert_eq!(run.warm_median_period_s(), 4.5);
     }
 
     #[test]

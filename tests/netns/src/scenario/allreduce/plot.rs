@@ -1,4 +1,4 @@
-//! The averaging scenarios' plots: round times against the bandwidth bound
+//! The averaging scenarios' plots: round periods against the bandwidth bound
 //! (`butterfly-efficiency.png`) and round times in round trips (`latency.png`).
 //!
 //! Text needs DejaVu Sans, read at run time from Debian's `fonts-dejavu-core`
@@ -24,8 +24,8 @@ pub(super) struct EfficiencyPoint {
     pub(super) label: String,
     /// `2(N−1)/N·S/B` with `S` the f32 size, seconds.
     pub(super) bound_s: f64,
-    /// Every round's time, seconds.
-    pub(super) round_times_s: Vec<f64>,
+    /// Every round's period, seconds.
+    pub(super) periods_s: Vec<f64>,
 }
 
 /// One collective's rounds.
@@ -37,7 +37,7 @@ pub(super) struct LatencySeries {
     pub(super) round_times_s: Vec<f64>,
 }
 
-/// Round time (y) against the bound (x), every round a point, one colour per
+/// Round period (y) against the bound (x), every round a point, one colour per
 /// configuration; the line `y = x` is the bound itself.
 /// Returns a note when it had to be drawn without text.
 pub(super) fn efficiency(
@@ -48,7 +48,7 @@ pub(super) fn efficiency(
     let x_max = points.iter().map(|p| p.bound_s).fold(0.1, f64::max) * 1.15;
     let y_max = points
         .iter()
-        .flat_map(|p| p.round_times_s.iter().copied())
+        .flat_map(|p| p.periods_s.iter().copied())
         .filter(|t| t.is_finite())
         .fold(x_max, f64::max)
         * 1.1;
@@ -59,7 +59,7 @@ pub(super) fn efficiency(
     if text {
         builder
             .caption(
-                "butterfly all-reduce: round time against the bound",
+                "butterfly all-reduce: round period against the bound",
                 (FONT_FAMILY, 20),
             )
             .x_label_area_size(50)
@@ -69,7 +69,7 @@ pub(super) fn efficiency(
     let mut mesh = chart.configure_mesh();
     if text {
         mesh.x_desc("bound 2(N−1)/N · S/B, S = f32 bytes (s)")
-            .y_desc("round time (s)")
+            .y_desc("round period (s)")
             .label_style((FONT_FAMILY, 14))
             .axis_desc_style((FONT_FAMILY, 16));
     } else {
@@ -85,7 +85,7 @@ pub(super) fn efficiency(
     ))?;
     if text {
         series
-            .label("round time = bound (busbw = B)")
+            .label("period = bound (busbw = B)")
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], line));
     }
     for (i, point) in points.iter().enumerate() {
@@ -96,7 +96,7 @@ pub(super) fn efficiency(
             .unwrap_or(i);
         let color = Palette99::pick(first).to_rgba();
         let dots = point
-            .round_times_s
+            .periods_s
             .iter()
             .map(|&t| Circle::new((point.bound_s, t), 5, color.filled()));
         let series = chart.draw_series(dots)?;
@@ -248,7 +248,7 @@ mod tests {
         let points = [EfficiencyPoint {
             label: "N=4 f32".into(),
             bound_s: 4.0,
-            round_times_s: vec![5.0, 4.5, 4.6],
+            periods_s: vec![5.0, 4.5, 4.6],
         }];
         let latency_png = dir.join("l.png");
         let series = [LatencySeries {

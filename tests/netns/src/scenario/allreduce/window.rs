@@ -3,13 +3,15 @@
 //!
 //! A QUIC write returns once the bytes are in the connection's send buffer, and a receiver
 //! grants as much credit as its window. With the default window a whole part of a 16 MiB
-//! vector is "sent" at once, long before it is on the wire, so a peer that has every average
-//! it needs starts its next round while its own averages are still queued for slower peers,
-//! and that round's parts share its uplink with them. With a window of [`SMALL_WINDOW`] a
-//! write waits until the receiver has read nearly everything before it, so the round's end
-//! means its bytes have arrived. The cost of a small window is the rate of one stream: at most
-//! about a window per round trip (125 kB over 20 ms is 50 Mbit/s), so the links here are
-//! 20 Mbit/s, where that cap does not bind and the peers' CPU is not the limit.
+//! vector is "sent" at once, long before it is on the wire. Were a peer that has every
+//! average it needs to start its next round at once, its own averages still queued for
+//! slower peers would share its uplink with that round's parts, and the skew would carry
+//! from round to round; so each case also runs with `--free-start`, where peers do that,
+//! beside the default, where they begin a round together. With a window of
+//! [`SMALL_WINDOW`] a write waits until the receiver has read nearly everything before it.
+//! The cost of a small window is the rate of one stream: at most about a window per round
+//! trip (125 kB over 20 ms is 50 Mbit/s), so the links here are 20 Mbit/s, where that cap
+//! does not bind and the peers' CPU is not the limit.
 
 use super::efficiency::{CasePlan, EfficiencyReport, run_cases};
 use crate::scenario::ScenarioOptions;
@@ -20,18 +22,21 @@ const SMALL_WINDOW: u32 = 125_000;
 const RATE: u64 = 20_000_000;
 
 /// `quic-window`: N = 4 and 8, a 16 MiB vector in f32 and in int8, 20 Mbit/s links and
-/// 20 ms round trips, 4 rounds with the default window then 4 with a 125 kB one, for each
-/// codec. A benchmark without a bar: it passes when every round averages the whole vector.
-/// `--long` runs each case three times.
+/// 20 ms round trips, 4 rounds with each of the default window and a 125 kB one, each with
+/// agreed and with free round starts, for each codec. A benchmark without a bar: it passes
+/// when every round averages the whole vector. `--long` runs each case three times.
 pub fn quic_window(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
-    let case = |peers, codec| CasePlan::new(peers, RATE, codec, None).sized(4 << 20, 4);
     let repeats = if options.long { 3 } else { 1 };
     let mut cases = Vec::new();
     for peers in [4, 8] {
         for _ in 0..repeats {
             for codec in ["f32", "int8:64"] {
-                cases.push(case(peers, codec));
-                cases.push(case(peers, codec).window(SMALL_WINDOW));
+                let default = CasePlan::new(peers, RATE, codec, None).sized(4 << 20, 4);
+                let small = default.window(SMALL_WINDOW);
+                for case in [default, small] {
+                    cases.push(case);
+                    cases.push(case.free_start());
+                }
             }
         }
     }

@@ -1,0 +1,168 @@
+//! Agreed round starts: a benchmark peer begins a round once every member is ready for it.
+//!
+//! Rounds of `murmur bench allreduce` run back to back. A QUIC write returns once its bytes
+//! are in the connection's send buffer, so a peer that has every average of a round could
+//! begin the next one while its own averages for slower peers are still queued there; the
+//! next round's parts would then share its uplink with them, the slowest peer would begin
+//! last, and that skew would carry from round to round. In a training swarm a group's
+//! leader starts its members together; here each peer tells every member when it is ready
+//! for a round (a `JoinGroup` of that round) and begins once every member still connected
+//! has said the same, or after a bound. Telling costs one one-way trip per round.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant, SystemTime};
+
+use murmur_gossip::net::exchange::Parcel;
+use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::JoinGroup;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::BenchPeer;
+use crate::run::collective::{Early, RoundHost as _};
+
+/// The outbox tag of readiness messages, which no round's chunk uses (a round numbers its
+/// sends from 0).
+const READY_TAG: u64 = u64::MAX;
+
+/// The latest round each peer said it is ready for.
+#[derive(Debug, Default)]
+pub(super) struct Readiness {
+    latest: HashMap<PeerId, u64>,
+}
+
+impl Readiness {
+    /// `from` is ready for `round` (and so past every round before it).
+    pub(super) fn note(&mut self, from: PeerId, round: u64) {
+        let latest = self.latest.entry(from).or_insert(round);
+        *latest = (*latest).max(round);
+    }
+
+    /// The members of `others` not yet ready for `round`, leaving out those `gone`.
+    pub(super) fn waiting_on<'a>(
+        &'a self,
+        others: impl IntoIterator<Item = &'a PeerId> + 'a,
+        round: u64,
+        gone: impl Fn(&PeerId) -> bool + 'a,
+    ) -> impl Iterator<Item = &'a PeerId> + 'a {
+        others
+            .into_iter()
+            .filter(move |p| !gone(p) && self.latest.get(p).is_none_or(|&r| r < round))
+    }
+}
+
+impl BenchPeer {
+    fn waiting_on(&self, round: u64) -> usize {
+        self.ready
+            .waiting_on(&self.peers, round, |p| self.disconnected.contains(p))
+            .count()
+    }
+
+    /// Tells every member this peer is ready for `round`, then waits until every member
+    /// still connected has said the same, at most `bound`. Chunks of the round from members
+    /// that begin first wait in `early`. Members still not ready at the bound are taken for
+    /// gone in this round (see [`RoundHost::is_gone`]): the round gives up on them at once
+    /// rather than waiting out its own timeouts too. Returns how long it waited.
+    ///
+    /// [`RoundHost::is_gone`]: crate::run::collective::RoundHost::is_gone
+    pub(super) async fn agree_to_start(
+        &mut self,
+        early: &mut Early,
+        round: u64,
+        samples: u64,
+        bound: Duration,
+    ) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let deadline_ms = (SystemTime::now() + bound)
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let ready = JoinGroup {
+            round,
+            deadline_ms,
+            bandwidth_bytes_per_s: 0,
+            accepts_connections: true,
+            samples,
+        };
+        for to in self.peers.difference(&self.disconnected) {
+            if self
+                .outbox
+                .send(*to, READY_TAG, Parcel::JoinGroup(ready))
+                .is_err()
+            {
+                tracing::debug!(peer = %to, round, "readiness not queued: the queue is full");
+            }
+        }
+        let until = tokio::time::Instant::now() + bound;
+        self.unready.clear();
+        while self.waiting_on(round) > 0 {
+            tokio::select! {
+                Some(d) = self.mailbox.recv() => match &d.parcel {
+                    Parcel::JoinGroup(j) => self.ready.note(d.from, j.round),
+                    _ => early.keep(&self.mailbox, d),
+                },
+                Some(report) = self.outbox.next_report() => {
+                    self.mailbox.recycle(report.parcel.into_payload());
+                }
+                event = self.events.recv() => match event {
+                    Ok(event) => self.note_event(&event),
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => anyhow::bail!("the network layer stopped"),
+                },
+                () = tokio::time::sleep_until(until) => {
+                    let late: Vec<PeerId> = self
+                        .ready
+                        .waiting_on(&self.peers, round, |p| self.disconnected.contains(p))
+                        .copied()
+                        .collect();
+                    tracing::warn!(
+                        round,
+                        late = late.len(),
+                        "members not ready for the round within {bound:?}; beginning without them"
+                    );
+                    self.unready.extend(late);
+                    break;
+                }
+            }
+        }
+        Ok(started.elapsed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peers(n: usize) -> Vec<PeerId> {
+        (0..n)
+            .map(|i| murmur_protocol::identity::Keypair::from_seed([i as u8 + 1; 32]).peer_id())
+            .collect()
+    }
+
+    #[test]
+    fn a_round_waits_for_every_member_not_gone() {
+        let members = peers(3);
+        let mut ready = Readiness::default();
+        let none_gone = |_: &PeerId| false;
+        let waiting = |ready: &Readiness, round, gone: &dyn Fn(&PeerId) -> bool| {
+            ready
+                .waiting_on(&members, round, gone)
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(waiting(&ready, 0, &none_gone), members);
+        ready.note(members[0], 1);
+        ready.note(members[1], 0);
+        assert_eq!(waiting(&ready, 0, &none_gone), [members[2]]);
+        assert_eq!(waiting(&ready, 1, &none_gone), members[1..]);
+        let third_gone = |p: &PeerId| *p == members[2];
+        assert_eq!(waiting(&ready, 0, &third_gone), []);
+    }
+
+    #[test]
+    fn a_late_message_for_an_earlier_round_does_not_undo_readiness() {
+        let members = peers(1);
+        let mut ready = Readiness::default();
+        ready.note(members[0], 5);
+        ready.note(members[0], 4);
+        assert_eq!(ready.waiting_on(&members, 5, |_| false).count(), 0);
+    }
+}
