@@ -334,3 +334,27 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
         "a refused share does not drop its receiver"
     );
 }
+
+#[test]
+fn a_peer_whose_shares_are_all_lost_keeps_its_parameters_past_f32_underflow() {
+    // Every share is delivered to nobody (its receiver crashed with it): each step halves
+    // the weight, and 300 halvings take x = w·z far below the smallest f32. Renormalizing
+    // keeps z exact.
+    let values = [0.75f32, -3.0, 1e-3];
+    let mut a = peer(0, 2, &values, SgpConfig::default());
+    for _ in 0..300 {
+        let (to, header, _) = step(&mut a);
+        a.handle(
+            T0,
+            SgpInput::ShareDelivered {
+                to,
+                seq: header.seq,
+            },
+        )
+        .expect("delivered");
+    }
+    assert!(a.state().weight() >= murmur_gossip::sgp::MIN_WEIGHT / 2.0);
+    let mut z = [0f32; 3];
+    a.debiased_into(&mut z).expect("mass");
+    assert_eq!(z, values);
+}

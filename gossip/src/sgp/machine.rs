@@ -387,6 +387,7 @@ impl<P: PeerKey> SgpPeer<P> {
 
     /// Sends this step's shares along the exponential graph, keeping `1 / (d + 1)`.
     fn push_shares(&mut self, now: Time, step: u64) {
+        self.state.renormalize();
         let n = self.view.len();
         let Some(rank) = self.view.rank_of(self.me) else {
             return;

@@ -45,6 +45,11 @@
 //!   average of the mass that remains, which is still an average of the initial values.
 //! - A share its transport could not deliver is given back ([`SgpInput::ShareReturned`])
 //!   and folded in again by its sender.
+//! - *Weight underflow*: crashes lose mass, so under long churn the swarm's total weight
+//!   shrinks geometrically, and an `f32` numerator `x = w·z` would underflow to zero. A peer
+//!   whose weight falls below [`MIN_WEIGHT`] scales its pair by a power of two before it
+//!   pushes ([`PushSumState::renormalize`]): its `z` is unchanged, and so is where the
+//!   swarm agrees; only how much each peer's `z` weighs in the mean shifts.
 
 mod config;
 mod error;
@@ -61,4 +66,4 @@ pub use machine::{SgpInput, SgpOutput, SgpPeer, SgpStats};
 pub use membership::MembershipView;
 pub use schedule::ExponentialGraph;
 pub use share::ShareHeader;
-pub use state::PushSumState;
+pub use state::{MIN_WEIGHT, PushSumState};

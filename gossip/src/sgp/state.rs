@@ -5,6 +5,11 @@ use super::error::SgpError;
 /// Bytes one numerator element occupies in an `f32` share payload.
 pub(crate) const F32_BYTES: usize = 4;
 
+/// The weight below which a peer rescales its mass ([`PushSumState::renormalize`]): 2⁻²⁰,
+/// far above where `x = w·z` loses precision in `f32` for any parameter of ordinary size,
+/// and far below what a healthy swarm's weights reach (about 1 each).
+pub const MIN_WEIGHT: f64 = 1.0 / (1u64 << 20) as f64;
+
 /// One peer's push-sum mass: a numerator vector `x` and a scalar weight `w`.
 ///
 /// The de-biased parameters are `z = x / w`; they are what the peer trains on and what the
@@ -53,6 +58,37 @@ impl PushSumState {
     /// The numerator `x`.
     pub fn numerator(&self) -> &[f32] {
         &self.numerator
+    }
+
+    /// Scales `x` and `w` by one power of two, bringing `w` into `[1, 2)`, when `w` has
+    /// fallen below [`MIN_WEIGHT`]; `z = x / w` is unchanged bit for bit.
+    ///
+    /// A crash loses the mass the crashed peer held and the shares in flight to it, and a
+    /// share its receiver refuses is lost too, so under steady churn the swarm's total
+    /// weight shrinks geometrically: 8 peers through a few hundred crashes take it below
+    /// what an `f32` numerator can hold, and `x = w·z` underflows to zero (every parameter
+    /// 0) long before `w`, kept in `f64`, does. Scaling one peer's pair changes how much its
+    /// `z` counts in the average its neighbours form, not where they agree: every mixed `z`
+    /// stays a convex combination of the `z`s mixed. Returns whether it scaled.
+    pub fn renormalize(&mut self) -> bool {
+        if !(self.weight > 0.0 && self.weight < MIN_WEIGHT) {
+            return false;
+        }
+        // w = m · 2^e with m in [1, 2): scaling by 2^−e leaves m.
+        let scale = -(self.weight.log2().floor() as i32);
+        self.weight *= 2f64.powi(scale);
+        // Multiplying by a power of two is exact (a subnormal keeps the bits it still has);
+        // f32 holds powers up to 2^127, so larger scales go in parts.
+        let mut left = scale;
+        while left > 0 {
+            let part = left.min(126);
+            let factor = 2f32.powi(part);
+            for x in &mut self.numerator {
+                *x *= factor;
+            }
+            left -= part;
+        }
+        true
     }
 
     /// Mutable access to the numerator, for the optimizer step `x ← x − γ·g`.
