@@ -75,8 +75,8 @@ fn peers_still_agree_after_900_crashes_take_the_mass_below_f32() {
     scenario.link.latency_ms = 3.0;
     scenario.link.detect_ms = 300.0;
     let mut live: Vec<u32> = (0..8).collect();
-    let mut next = 8;
-    for k in 0..cycles {
+    // Joiners take the next unused index: 8, 9, ...
+    for (k, next) in (0..cycles).zip(8u32..) {
         let at_ms = 1000.0 + 2000.0 * k as f64;
         // Peer 0 never crashes; the others take turns.
         let victim = live.remove(1 + k % (live.len() - 1));
@@ -88,7 +88,6 @@ fn peers_still_agree_after_900_crashes_take_the_mass_below_f32() {
             at_ms: at_ms + 500.0,
         });
         live.push(next);
-        next += 1;
     }
     let mut swarm = SgpSwarm::new(&scenario, &SgpConfig::default()).expect("valid scenario");
     let last = scenario.rounds;
