@@ -50,24 +50,26 @@ fn step(peer: &mut SgpPeer<u32>) -> (u32, ShareHeader, Vec<u8>) {
     sent.remove(0)
 }
 
+/// Runs one local step of `peer` whose share the transport then reports delivered (to a
+/// receiver this test does not run); returns the receiver.
+fn step_delivered(peer: &mut SgpPeer<u32>) -> u32 {
+    let (to, header, _) = step(peer);
+    peer.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to,
+            seq: header.seq,
+        },
+    )
+    .expect("delivered");
+    to
+}
+
 #[test]
 fn a_step_keeps_half_and_pushes_half_to_the_next_power_of_two() {
     let mut a = peer(0, 8, &[2.0, -4.0], SgpConfig::default());
     assert_eq!(starts(&outputs(&mut a)), [0]);
-    let targets: Vec<u32> = (0..4)
-        .map(|_| {
-            let (to, header, _) = step(&mut a);
-            a.handle(
-                T0,
-                SgpInput::ShareDelivered {
-                    to,
-                    seq: header.seq,
-                },
-            )
-            .expect("delivered");
-            to
-        })
-        .collect();
+    let targets: Vec<u32> = (0..4).map(|_| step_delivered(&mut a)).collect();
     assert_eq!(targets, [1, 2, 4, 1]);
     assert_eq!(a.state().weight(), 1.0 / 16.0);
     assert_eq!(a.state().numerator(), [2.0 / 16.0, -4.0 / 16.0]);
@@ -343,15 +345,7 @@ fn a_peer_whose_shares_are_all_lost_keeps_its_parameters_past_f32_underflow() {
     let values = [0.75f32, -3.0, 1e-3];
     let mut a = peer(0, 2, &values, SgpConfig::default());
     for _ in 0..300 {
-        let (to, header, _) = step(&mut a);
-        a.handle(
-            T0,
-            SgpInput::ShareDelivered {
-                to,
-                seq: header.seq,
-            },
-        )
-        .expect("delivered");
+        step_delivered(&mut a);
     }
     assert!(a.state().weight() >= murmur_gossip::sgp::MIN_WEIGHT / 2.0);
     let mut z = [0f32; 3];
