@@ -294,7 +294,8 @@ async fn bench(
                 Collective::Butterfly
             };
             let mut early = Early::default();
-            let samples = args.index as u64 + 1;
+            // The readiness message carries the weight as samples, as a join would.
+            let samples = weight as u64;
             // The butterfly hands its contribution back unchanged, so after the first round
             // nothing of the vector's size is built, copied or allocated between rounds.
             let mut buffers = RoundBuffers::from(local.clone());

@@ -69,10 +69,10 @@ impl PushSumState {
     /// what an `f32` numerator can hold, and `x = w·z` underflows to zero (every parameter
     /// 0) long before `w`, kept in `f64`, does. Scaling one peer's pair changes how much its
     /// `z` counts in the average its neighbours form, not where they agree: every mixed `z`
-    /// stays a convex combination of the `z`s mixed. Returns whether it scaled.
-    pub fn renormalize(&mut self) -> bool {
+    /// stays a convex combination of the `z`s mixed.
+    pub fn renormalize(&mut self) {
         if !(self.weight > 0.0 && self.weight < MIN_WEIGHT) {
-            return false;
+            return;
         }
         // w = m · 2^e with m in [1, 2): scaling by 2^−e leaves m.
         let scale = -(self.weight.log2().floor() as i32);
@@ -88,7 +88,6 @@ impl PushSumState {
             }
             left -= part;
         }
-        true
     }
 
     /// Mutable access to the numerator, for the optimizer step `x ← x − γ·g`.

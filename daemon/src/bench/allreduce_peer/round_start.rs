@@ -51,10 +51,10 @@ impl Readiness {
 }
 
 impl BenchPeer {
-    fn waiting_on(&self, round: u64) -> usize {
+    /// The members still connected that have not said they are ready for `round`.
+    fn not_ready(&self, round: u64) -> impl Iterator<Item = &PeerId> {
         self.ready
             .waiting_on(&self.peers, round, |p| self.disconnected.contains(p))
-            .count()
     }
 
     /// Tells every member this peer is ready for `round`, then waits until every member
@@ -93,7 +93,7 @@ impl BenchPeer {
         }
         let until = tokio::time::Instant::now() + bound;
         self.unready.clear();
-        while self.waiting_on(round) > 0 {
+        while self.not_ready(round).next().is_some() {
             tokio::select! {
                 Some(d) = self.mailbox.recv() => match &d.parcel {
                     Parcel::JoinGroup(j) => self.ready.note(d.from, j.round),
@@ -108,11 +108,7 @@ impl BenchPeer {
                     Err(RecvError::Closed) => anyhow::bail!("the network layer stopped"),
                 },
                 () = tokio::time::sleep_until(until) => {
-                    let late: Vec<PeerId> = self
-                        .ready
-                        .waiting_on(&self.peers, round, |p| self.disconnected.contains(p))
-                        .copied()
-                        .collect();
+                    let late: Vec<PeerId> = self.not_ready(round).copied().collect();
                     tracing::warn!(
                         round,
                         late = late.len(),
