@@ -299,6 +299,10 @@ pub(crate) struct AllreduceArgs {
     /// of once every peer has said it is ready for it.
     #[arg(long)]
     pub(crate) free_start: bool,
+    /// Keep the peers' folder (configs, keys, logs) after a run that succeeded; one that
+    /// failed always keeps it and says where.
+    #[arg(long)]
+    pub(crate) keep_logs: bool,
 }
 
 #[derive(Debug, Args)]

@@ -185,15 +185,38 @@ fn run_codec(
         synthetic_step_ms: 0,
     };
     let dir = SwarmDir::create(None, args.peers)?;
+    match run_peers(args, hosts, tables, &plan, &dir, stream_bps) {
+        Ok(median_time) => {
+            if !args.keep_logs
+                && let Err(e) = std::fs::remove_dir_all(dir.root())
+            {
+                eprintln!("could not remove {}: {e}", dir.root().display());
+            }
+            Ok((codec, median_time))
+        }
+        Err(e) => Err(e.context(format!("the peers' logs are in {}", dir.root().display()))),
+    }
+}
+
+/// Starts the peers in `dir`, collects their rounds and reports them; returns the median
+/// round time.
+fn run_peers(
+    args: &AllreduceArgs,
+    hosts: &Hosts,
+    tables: &ConfigTables,
+    plan: &LocalPlan,
+    dir: &SwarmDir,
+    stream_bps: Option<f64>,
+) -> anyhow::Result<f64> {
     let (tx, rx) = mpsc::sync_channel::<(usize, String)>(1024);
     let mut children = Children(Vec::new());
     let mut bootstrap = Vec::new();
     // One peer per host; `Hosts::from_flag` made them as many as `--peers`.
     for index in 0..hosts.len() {
-        write_config(&dir, &plan, index, &bootstrap, tables)?;
+        write_config(dir, plan, index, &bootstrap, tables)?;
         children
             .0
-            .push(spawn_peer(&dir, args, hosts, index, tx.clone())?);
+            .push(spawn_peer(dir, args, hosts, index, tx.clone())?);
         if index == 0 {
             let (_, line) = rx
                 .recv_timeout(Duration::from_secs(30))
@@ -209,8 +232,8 @@ fn run_codec(
     let (rounds, discovery_s) = collect(&rx, args, &mut children)?;
     children.release();
     drop(children);
-    let median_time = report(args, codec, stream_bps, &rounds, discovery_s, dir.root())?;
-    Ok((codec, median_time))
+    let logs = args.keep_logs.then(|| dir.root());
+    report(args, plan.codec, stream_bps, &rounds, discovery_s, logs)
 }
 
 /// One libp2p tensor stream's throughput on this machine, bytes per second (median).
@@ -390,7 +413,7 @@ fn report(
     stream_bps: Option<f64>,
     rounds: &[Vec<Option<Value>>],
     discovery_s: f64,
-    dir: &std::path::Path,
+    logs: Option<&std::path::Path>,
 ) -> anyhow::Result<f64> {
     let rows = round_rows(args, stream_bps, rounds)?;
     let median = |key: &str| {
@@ -411,7 +434,7 @@ fn report(
         "median_efficiency": median("efficiency"),
         "median_rel_error": median("rel_error"),
         "rounds": rows,
-        "logs": dir.display().to_string(),
+        "logs": logs.map(|dir| dir.display().to_string()),
     });
     if args.json {
         println!("{summary}");
@@ -448,6 +471,9 @@ fn report(
         median("time_s"),
         median("efficiency")
     );
+    if let Some(dir) = logs {
+        println!("the peers' logs: {}", dir.display());
+    }
     Ok(median("time_s"))
 }
 
@@ -547,6 +573,7 @@ mod tests {
             reducer_timeout_ms,
             quic_receive_window: None,
             free_start: false,
+            keep_logs: false,
         }
     }
 
