@@ -344,7 +344,9 @@ pub(crate) async fn average<H: RoundHost>(
         }
     };
     let mut sends: HashMap<u64, (PeerId, PayloadRef)> = HashMap::new();
-    let mut next_tag = 0u64;
+    // Tags name the round, so that a report of a chunk a round stopped waiting for (sent
+    // to a lost member) is not taken for one of a later round's.
+    let mut next_tag = (round & u64::from(u32::MAX)) << 32;
     let mut finished: Option<Finished> = None;
     let mut stop_requested = false;
     let mut finished_after = None;

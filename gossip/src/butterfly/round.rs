@@ -213,14 +213,17 @@ impl<P: PeerKey> ButterflyRound<P> {
         self.finished
     }
 
-    /// Whether nothing is left to send or in flight: the round can be dropped.
+    /// Whether nothing is left to send or in flight to a member still in the round: the
+    /// round can be dropped. Chunks still on their way to a lost member are not waited for
+    /// (a send to a dead host can take a connection timeout to fail); their
+    /// [`RoundInput::Sent`] may come after the round is gone.
     pub fn is_idle(&self) -> bool {
         self.finished
             && self
                 .destinations
                 .iter()
                 .enumerate()
-                .all(|(d, dest)| dest.in_flight == 0 && (dest.lost || !self.has_work(d)))
+                .all(|(d, dest)| dest.lost || (dest.in_flight == 0 && !self.has_work(d)))
     }
 
     /// The local vector and the result, to reuse their memory for the next round.
