@@ -78,7 +78,8 @@ struct DelayStage {
 impl Harness {
     /// Builds `topology`: checks root and the tools, deletes namespaces left by dead harnesses,
     /// creates the router and peer namespaces, links, shaping and the delay stage, running
-    /// `netem_program` (the `murmur-netem` binary) in the router namespace.
+    /// `netem_program` (the `murmur-netem` binary) in the router namespace. From then on,
+    /// SIGINT or SIGTERM removes this process's namespaces before the process dies of it.
     pub fn build(
         topology: Topology,
         netem_program: impl Into<PathBuf>,
@@ -88,6 +89,7 @@ impl Harness {
         check_tool("tc", "iproute2")?;
         topology.validate()?;
         remove_stale_namespaces()?;
+        crate::interrupt::tear_down_on_interrupt();
 
         let prefix = format!(
             "{NAMESPACE_PREFIX}{}-{}",
@@ -468,29 +470,52 @@ fn check_tool(program: &'static str, package: &'static str) -> Result<(), Harnes
 /// Deletes namespaces named by harnesses of processes that no longer run (a test killed
 /// before its harness could drop), with everything still running in them.
 fn remove_stale_namespaces() -> Result<(), HarnessError> {
-    let mut command = Command::new("ip");
-    command.args(["netns", "list"]);
-    let listing = run_checked(command, TOOL_LIMIT)?;
-    for line in String::from_utf8_lossy(&listing.stdout).lines() {
-        let Some(name) = line.split_whitespace().next() else {
-            continue;
-        };
-        let Some(owner) = name
-            .strip_prefix(NAMESPACE_PREFIX)
-            .and_then(|rest| rest.split('-').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-        else {
-            continue;
-        };
+    for (name, owner) in harness_namespaces()? {
         if !std::path::Path::new(&format!("/proc/{owner}")).exists() {
             // Harnesses of other test processes may be removing the same one right now.
-            match remove_namespace(name) {
-                Err(_) if !namespace_exists(name) => {}
+            match remove_namespace(&name) {
+                Err(_) if !namespace_exists(&name) => {}
                 other => other?,
             }
         }
     }
     Ok(())
+}
+
+/// Removes every namespace the harnesses of process `owner` created, and what runs in them;
+/// goes on past a failure and returns the first.
+pub(crate) fn remove_namespaces_of(owner: u32) -> Result<(), HarnessError> {
+    let mut first_error = None;
+    for (name, _) in harness_namespaces()?
+        .into_iter()
+        .filter(|(_, pid)| *pid == owner)
+    {
+        if let Err(error) = remove_namespace(&name) {
+            first_error.get_or_insert(error);
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// The namespaces of harnesses, this process's or others', with the process id that
+/// created each.
+fn harness_namespaces() -> Result<Vec<(String, u32)>, HarnessError> {
+    let mut command = Command::new("ip");
+    command.args(["netns", "list"]);
+    let listing = run_checked(command, TOOL_LIMIT)?;
+    Ok(String::from_utf8_lossy(&listing.stdout)
+        .lines()
+        .filter_map(|line| {
+            let name = line.split_whitespace().next()?;
+            let owner = name
+                .strip_prefix(NAMESPACE_PREFIX)?
+                .split('-')
+                .next()?
+                .parse::<u32>()
+                .ok()?;
+            Some((name.to_owned(), owner))
+        })
+        .collect())
 }
 
 /// Whether `ip netns` still knows `namespace`.

@@ -134,6 +134,7 @@ fn run_bench(
     if spec.free_start {
         command.arg("--free-start");
     }
+    crate::end_with_parent(&mut command);
     let monitor = CpuMonitor::start(harness);
     let output = run_bounded(command, spec.limit);
     let cpu = monitor.stop();

@@ -108,6 +108,7 @@ pub(crate) fn run_swarm(
     let stderr = File::create(&stderr_path)
         .with_context(|| format!("cannot create {}", stderr_path.display()))?;
     command.stdin(Stdio::null()).stdout(stdout).stderr(stderr);
+    crate::end_with_parent(&mut command);
     let started = Instant::now();
     let mut child = KillOnDrop(
         command

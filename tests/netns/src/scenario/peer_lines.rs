@@ -273,6 +273,7 @@ impl BackgroundSwarm {
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
+        crate::end_with_parent(&mut command);
         let child = command
             .spawn()
             .with_context(|| format!("cannot start {}", options.murmur.display()))?;
