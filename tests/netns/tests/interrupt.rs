@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use murmur_netns::{Harness, LinkShape, NAMESPACE_PREFIX, Topology};
+use murmur_netns::{Harness, KillOnDrop, LinkShape, NAMESPACE_PREFIX, Topology};
 
 /// Set in the victim's environment.
 const VICTIM: &str = "MURMUR_NETNS_INTERRUPT_VICTIM";
@@ -76,14 +76,16 @@ fn be_the_victim() {
     let topology = Topology::uniform(2, LinkShape::UNSHAPED);
     let harness = Harness::build(topology, env!("CARGO_BIN_EXE_murmur-netem"))
         .unwrap_or_else(|error| panic!("could not build the network harness: {error}"));
-    let sleeper = harness
-        .command(0, "sleep")
-        .arg("300")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("sleep starts in the namespace");
-    println!("ready {}", sleeper.id());
+    let sleeper = KillOnDrop(
+        harness
+            .command(0, "sleep")
+            .arg("300")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("sleep starts in the namespace"),
+    );
+    println!("ready {}", sleeper.0.id());
     std::thread::sleep(Duration::from_secs(120));
     panic!("no signal came within two minutes");
 }
