@@ -10,7 +10,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::scenario::font::{FONT_FAMILY, FONT_PATH, register_font};
+use crate::scenario::chart::{Axes, Canvas};
 
 /// Image size in pixels.
 const SIZE: (u32, u32) = (1100, 620);
@@ -56,7 +56,6 @@ pub(crate) fn lines_over_time(
     bound: Option<f64>,
     log_y: bool,
 ) -> anyhow::Result<Option<String>> {
-    let text = register_font().is_ok();
     // A logarithmic axis is drawn as a linear one over log10 of the values.
     let scale = |v: f64| if log_y { v.log10() } else { v };
     let shown = |v: f64| v.is_finite() && (!log_y || v > 0.0);
@@ -85,19 +84,9 @@ pub(crate) fn lines_over_time(
         y_max + pad,
     );
 
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(16);
-    if text {
-        builder
-            .caption(title, (FONT_FAMILY, 20))
-            .x_label_area_size(40)
-            .y_label_area_size(70);
-    }
-    let mut chart = builder.build_cartesian_2d(x_min..x_max, y_min..y_max)?;
-    let label_style = (FONT_FAMILY, 14);
-    let mut mesh = chart.configure_mesh();
+    let canvas = Canvas::new(path, SIZE)?;
+    let text = canvas.text;
+    let mut chart = canvas.chart(title, x_min..x_max, y_min..y_max)?;
     let format_y = |v: &f64| {
         if log_y {
             format!("{:.1e}", 10f64.powf(*v))
@@ -105,15 +94,12 @@ pub(crate) fn lines_over_time(
             format!("{v:.3}")
         }
     };
-    mesh.y_label_formatter(&format_y);
-    if text {
-        mesh.x_desc("seconds since the first peer was ready")
-            .y_desc(y_label)
-            .label_style(label_style);
-    } else {
-        mesh.x_labels(0).y_labels(0);
-    }
-    mesh.draw()?;
+    let axes = Axes {
+        x: Some("seconds since the first peer was ready"),
+        y: y_label,
+        y_format: Some(&format_y),
+    };
+    canvas.draw_axes(&mut chart, &axes)?;
 
     for band in bands {
         let area = chart.draw_series(std::iter::once(Rectangle::new(
@@ -164,22 +150,8 @@ pub(crate) fn lines_over_time(
             });
         }
     }
-    if text {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(label_style)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
-    }
-    root.present()?;
-    Ok((!text).then(|| {
-        format!(
-            "{} has no text: no font at {FONT_PATH}; install fonts-dejavu-core",
-            path.display()
-        )
-    }))
+    canvas.draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    canvas.present()
 }
 
 #[cfg(test)]

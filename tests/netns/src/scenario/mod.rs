@@ -14,6 +14,7 @@ use anyhow::{Context as _, bail};
 use crate::Harness;
 
 pub mod allreduce;
+mod chart;
 pub mod churn;
 pub mod convergence;
 mod fault_plot;

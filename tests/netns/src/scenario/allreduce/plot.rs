@@ -3,16 +3,14 @@
 //!
 //! Text needs DejaVu Sans, read at run time from Debian's `fonts-dejavu-core`
 //! (`scripts/setup.sh` installs it); without it the plots are drawn without text and the
-//! error says so.
+//! returned note says so.
 
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::Context as _;
-use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
-use crate::scenario::font::{FONT_FAMILY, register_font};
+use crate::scenario::chart::{Axes, Canvas};
 
 /// Image size in pixels.
 const SIZE: (u32, u32) = (960, 640);
@@ -44,7 +42,6 @@ pub(super) fn efficiency(
     path: &Path,
     points: &[EfficiencyPoint],
 ) -> anyhow::Result<Option<String>> {
-    let text = register_font().is_ok();
     let x_max = points.iter().map(|p| p.bound_s).fold(0.1, f64::max) * 1.15;
     let y_max = points
         .iter()
@@ -52,30 +49,19 @@ pub(super) fn efficiency(
         .filter(|t| t.is_finite())
         .fold(x_max, f64::max)
         * 1.1;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(20);
-    if text {
-        builder
-            .caption(
-                "butterfly all-reduce: round period against the bound",
-                (FONT_FAMILY, 20),
-            )
-            .x_label_area_size(50)
-            .y_label_area_size(60);
-    }
-    let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc("bound 2(N−1)/N · S/B, S = f32 bytes (s)")
-            .y_desc("round period (s)")
-            .label_style((FONT_FAMILY, 14))
-            .axis_desc_style((FONT_FAMILY, 16));
-    } else {
-        mesh.x_labels(0).y_labels(0);
-    }
-    mesh.draw()?;
+    let canvas = Canvas::new(path, SIZE)?;
+    let text = canvas.text;
+    let mut chart = canvas.chart(
+        "butterfly all-reduce: round period against the bound",
+        0.0..x_max,
+        0.0..y_max,
+    )?;
+    let axes = Axes {
+        x: Some("bound 2(N−1)/N · S/B, S = f32 bytes (s)"),
+        y: "round period (s)",
+        y_format: None,
+    };
+    canvas.draw_axes(&mut chart, &axes)?;
     let line = BLACK.stroke_width(1);
     let series = chart.draw_series(DashedLineSeries::new(
         [(0.0, 0.0), (x_max, x_max)],
@@ -106,10 +92,8 @@ pub(super) fn efficiency(
                 .legend(move |(x, y)| Circle::new((x + 9, y), 5, color.filled()));
         }
     }
-    finish(&mut chart, text)?;
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
-    no_text_note(path, text)
+    canvas.draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    canvas.present()
 }
 
 /// Round time in round trips (y) against the round (x), one line per collective, with
@@ -122,7 +106,6 @@ pub(super) fn latency(
     marks: &[(f64, &str)],
     bandwidth_bound_s: f64,
 ) -> anyhow::Result<Option<String>> {
-    let text = register_font().is_ok();
     let rtt_s = rtt.as_secs_f64();
     let rounds = series
         .iter()
@@ -137,33 +120,19 @@ pub(super) fn latency(
         .filter(|y| y.is_finite())
         .fold(1.0, f64::max)
         * 1.15;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(20);
-    if text {
-        builder
-            .caption(
-                format!(
-                    "averaging a small vector with {} ms round trips",
-                    rtt.as_millis()
-                ),
-                (FONT_FAMILY, 20),
-            )
-            .x_label_area_size(50)
-            .y_label_area_size(60);
-    }
-    let mut chart = builder.build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc("round")
-            .y_desc("round time (round trips)")
-            .label_style((FONT_FAMILY, 14))
-            .axis_desc_style((FONT_FAMILY, 16));
-    } else {
-        mesh.x_labels(0).y_labels(0);
-    }
-    mesh.draw()?;
+    let canvas = Canvas::new(path, SIZE)?;
+    let text = canvas.text;
+    let title = format!(
+        "averaging a small vector with {} ms round trips",
+        rtt.as_millis()
+    );
+    let mut chart = canvas.chart(&title, 0.0..x_max, 0.0..y_max)?;
+    let axes = Axes {
+        x: Some("round"),
+        y: "round time (round trips)",
+        y_format: None,
+    };
+    canvas.draw_axes(&mut chart, &axes)?;
     for (i, s) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let points: Vec<(f64, f64)> = s
@@ -195,42 +164,8 @@ pub(super) fn latency(
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
         }
     }
-    finish(&mut chart, text)?;
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
-    no_text_note(path, text)
-}
-
-/// Draws the legend when there is text.
-fn finish<'a, DB: DrawingBackend + 'a>(
-    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
-    text: bool,
-) -> anyhow::Result<()>
-where
-    DB::ErrorType: 'static,
-{
-    if text {
-        chart
-            .configure_series_labels()
-            .label_font((FONT_FAMILY, 14))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
-    }
-    Ok(())
-}
-
-/// A plot drawn without its font is still written; the note says why it has no text.
-fn no_text_note(path: &Path, text: bool) -> anyhow::Result<Option<String>> {
-    if text {
-        return Ok(None);
-    }
-    let why = register_font().err().unwrap_or_default();
-    Ok(Some(format!(
-        "{} has no text: no font ({why}); install fonts-dejavu-core",
-        path.display()
-    )))
+    canvas.draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    canvas.present()
 }
 
 #[cfg(test)]

@@ -8,11 +8,10 @@
 
 use std::path::Path;
 
-use anyhow::Context as _;
-use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::scenario::font::{FONT_FAMILY, FONT_PATH, register_font};
+use crate::scenario::chart::{Axes, Canvas};
+use crate::scenario::font::FONT_FAMILY;
 
 /// Image size in pixels.
 const SIZE: (u32, u32) = (960, 640);
@@ -39,15 +38,6 @@ pub(crate) struct ThroughputBars {
     pub(crate) ideal: f64,
 }
 
-fn no_text_note(path: &Path, text: bool) -> anyhow::Result<Option<String>> {
-    Ok((!text).then(|| {
-        format!(
-            "{} has no text: no font at {FONT_PATH}; install fonts-dejavu-core",
-            path.display()
-        )
-    }))
-}
-
 /// The mean eval loss over wall time, one line per curve, and the task's loss floor dashed.
 /// Returns a note when it had to be drawn without text.
 pub(crate) fn loss_over_time(
@@ -56,7 +46,6 @@ pub(crate) fn loss_over_time(
     curves: &[LossCurve],
     floor: Option<f64>,
 ) -> anyhow::Result<Option<String>> {
-    let text = register_font().is_ok();
     let all = || curves.iter().flat_map(|c| c.points.iter().copied());
     let x_max = all().map(|p| p.0).fold(1.0, f64::max) * 1.05;
     let y_max = all().map(|p| p.1).fold(f64::MIN, f64::max).max(0.1) * 1.05;
@@ -66,19 +55,15 @@ pub(crate) fn loss_over_time(
         .fold(f64::MAX, f64::min)
         .min(y_max * 0.9)
         * 0.95;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = chart_on(&root, title, text, 0.0..x_max, y_min..y_max)?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc("wall time since the swarm started (s)")
-            .y_desc("eval loss, mean over peers")
-            .label_style((FONT_FAMILY, 14))
-            .axis_desc_style((FONT_FAMILY, 16));
-    } else {
-        mesh.x_labels(0).y_labels(0);
-    }
-    mesh.draw()?;
+    let canvas = Canvas::new(path, SIZE)?;
+    let text = canvas.text;
+    let mut chart = canvas.chart(title, 0.0..x_max, y_min..y_max)?;
+    let axes = Axes {
+        x: Some("wall time since the swarm started (s)"),
+        y: "eval loss, mean over peers",
+        y_format: None,
+    };
+    canvas.draw_axes(&mut chart, &axes)?;
     for (i, curve) in curves.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let drawn = chart.draw_series(LineSeries::new(
@@ -105,17 +90,8 @@ pub(crate) fn loss_over_time(
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
         }
     }
-    if text {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT_FAMILY, 14))
-            .draw()?;
-    }
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
-    no_text_note(path, text)
+    canvas.draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    canvas.present()
 }
 
 /// Two bars per mode (without and with the straggler) and a dashed mark at the ideal.
@@ -125,7 +101,6 @@ pub(crate) fn throughput_bars(
     title: &str,
     bars: &[ThroughputBars],
 ) -> anyhow::Result<Option<String>> {
-    let text = register_font().is_ok();
     let x_max = bars.len().max(1) as f64;
     let y_max = bars
         .iter()
@@ -133,19 +108,15 @@ pub(crate) fn throughput_bars(
         .filter(|v| v.is_finite())
         .fold(1.0, f64::max)
         * 1.4;
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = chart_on(&root, title, text, 0.0..x_max, 0.0..y_max)?;
-    let mut mesh = chart.configure_mesh();
-    mesh.disable_x_mesh().x_labels(0);
-    if text {
-        mesh.y_desc("aggregate samples/s")
-            .label_style((FONT_FAMILY, 14))
-            .axis_desc_style((FONT_FAMILY, 16));
-    } else {
-        mesh.y_labels(0);
-    }
-    mesh.draw()?;
+    let canvas = Canvas::new(path, SIZE)?;
+    let text = canvas.text;
+    let mut chart = canvas.chart(title, 0.0..x_max, 0.0..y_max)?;
+    let axes = Axes {
+        x: None,
+        y: "aggregate samples/s",
+        y_format: None,
+    };
+    canvas.draw_axes(&mut chart, &axes)?;
     let baseline = Palette99::pick(0).to_rgba();
     let straggled = Palette99::pick(1).to_rgba();
     let ideal = BLACK.stroke_width(2);
@@ -191,46 +162,8 @@ pub(crate) fn throughput_bars(
             )])?;
         }
     }
-    if text {
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font((FONT_FAMILY, 14))
-            .draw()?;
-    }
-    root.present()
-        .with_context(|| format!("writing {}", path.display()))?;
-    no_text_note(path, text)
-}
-
-type Chart<'a, DB> = ChartContext<
-    'a,
-    DB,
-    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
->;
-
-/// A chart with a caption and label areas when there is text, bare otherwise.
-fn chart_on<'a, DB: DrawingBackend + 'a>(
-    root: &'a DrawingArea<DB, Shift>,
-    title: &str,
-    text: bool,
-    x: std::ops::Range<f64>,
-    y: std::ops::Range<f64>,
-) -> anyhow::Result<Chart<'a, DB>>
-where
-    DB::ErrorType: 'static,
-{
-    let mut builder = ChartBuilder::on(root);
-    builder.margin(20);
-    if text {
-        builder
-            .caption(title, (FONT_FAMILY, 20))
-            .x_label_area_size(50)
-            .y_label_area_size(70);
-    }
-    Ok(builder.build_cartesian_2d(x, y)?)
+    canvas.draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
+    canvas.present()
 }
 
 #[cfg(test)]
