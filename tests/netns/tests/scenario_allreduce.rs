@@ -11,10 +11,11 @@
 //! in release measures against the issue's own. They need root, iproute2 and the `murmur`
 //! binary of the same profile (`cargo build -p murmur`). They run one at a time.
 
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
-use murmur_netns::scenario::{Report, ScenarioOptions, allreduce};
+use murmur_netns::scenario::allreduce;
+
+mod common;
 
 /// One harness at a time: the measurements share two cores with everything else.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -26,32 +27,13 @@ fn serial() -> MutexGuard<'static, ()> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-fn options(name: &str) -> ScenarioOptions {
-    let out = std::env::temp_dir().join(format!("murmur-scenario-{name}-{}", std::process::id()));
-    ScenarioOptions::beside_netem(
-        false,
-        out,
-        PathBuf::from(env!("CARGO_BIN_EXE_murmur-netem")),
-    )
-    .unwrap_or_else(|error| panic!("{error:#}"))
-}
-
-fn assert_passes(report: &dyn Report) {
-    let json = report.to_json();
-    eprintln!("{json}");
-    if let Err(missed) = report.check() {
-        panic!("{missed}\n{json}");
-    }
-}
-
 #[test]
 fn butterfly_moves_a_vector_near_the_link_rate() {
     let _serial = serial();
-    let options = options("butterfly-efficiency");
+    let options = common::options("butterfly-efficiency");
     let report =
         allreduce::butterfly_efficiency(&options).unwrap_or_else(|error| panic!("{error:#}"));
-    assert_passes(&report);
-    let json = report.to_json();
+    let json = common::passing_json(&report, &options);
     let cases = json["cases"].as_array().expect("cases");
     assert_eq!(cases.len(), 2, "f32 and int8: {json}");
     for case in cases {
@@ -67,10 +49,9 @@ fn butterfly_moves_a_vector_near_the_link_rate() {
 #[test]
 fn butterfly_averages_a_small_vector_within_a_few_round_trips() {
     let _serial = serial();
-    let options = options("latency");
+    let options = common::options("latency");
     let report = allreduce::latency(&options).unwrap_or_else(|error| panic!("{error:#}"));
-    assert_passes(&report);
-    let json = report.to_json();
+    let json = common::passing_json(&report, &options);
     assert!(
         json["butterfly"]["max_rel_error"].as_f64().expect("error") < 1e-6,
         "{json}"

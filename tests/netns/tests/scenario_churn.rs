@@ -10,29 +10,20 @@
 //! Needs root, iproute2 and the `murmur` binary of the same profile (`cargo build -p
 //! murmur`). `murmur-scenario churn --long` runs the 30-minute version.
 
-use std::path::PathBuf;
+use murmur_netns::scenario::churn;
 
-use murmur_netns::scenario::{Report, ScenarioOptions, churn};
+mod common;
 
 #[test]
 fn survivors_keep_averaging_without_leaking_through_two_minutes_of_churn() {
-    let out = std::env::temp_dir().join(format!("murmur-scenario-churn-{}", std::process::id()));
-    let options = ScenarioOptions::beside_netem(
-        false,
-        out.clone(),
-        PathBuf::from(env!("CARGO_BIN_EXE_murmur-netem")),
-    )
-    .unwrap_or_else(|error| panic!("{error:#}"));
+    let options = common::options("churn");
+    let out = &options.out;
     let report = churn::run(&options).unwrap_or_else(|error| panic!("{error:#}"));
-    let json = report.to_json();
-    eprintln!("{json}");
-    if let Err(missed) = report.check() {
-        panic!("{missed}\n{json}\n(peers' folders in {})", out.display());
-    }
+    let json = common::passing_json(&report, &options);
     assert!(
         report.survivors.iter().any(|s| s.peer == 0),
         "peer 0 is never killed, so it survives: {json}"
     );
     assert!(out.join("churn-rss.png").is_file());
-    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(out);
 }

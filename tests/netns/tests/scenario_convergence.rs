@@ -5,28 +5,16 @@
 //! is written. It needs root, iproute2 and the `murmur` binary of the same profile
 //! (`cargo build -p murmur`).
 
-use std::path::PathBuf;
+use murmur_netns::scenario::convergence;
 
-use murmur_netns::scenario::{Report, ScenarioOptions, convergence};
+mod common;
 
 #[test]
 fn every_mode_learns_on_shaped_links_and_its_loss_is_plotted_over_time() {
-    let out = std::env::temp_dir().join(format!(
-        "murmur-scenario-convergence-{}",
-        std::process::id()
-    ));
-    let options = ScenarioOptions::beside_netem(
-        false,
-        out.clone(),
-        PathBuf::from(env!("CARGO_BIN_EXE_murmur-netem")),
-    )
-    .unwrap_or_else(|error| panic!("{error:#}"));
+    let options = common::options("convergence");
+    let out = &options.out;
     let report = convergence::run(&options).unwrap_or_else(|error| panic!("{error:#}"));
-    let json = report.to_json();
-    eprintln!("{json}");
-    if let Err(missed) = report.check() {
-        panic!("{missed}\n{json}");
-    }
+    let json = common::passing_json(&report, &options);
     let modes = json["modes"].as_array().expect("modes");
     let names: Vec<&str> = modes.iter().filter_map(|m| m["mode"].as_str()).collect();
     assert_eq!(

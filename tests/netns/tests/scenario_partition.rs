@@ -9,26 +9,16 @@
 //! Needs root, iproute2 and the `murmur` binary of the same profile (`cargo build -p
 //! murmur`). `murmur-scenario partition --long` runs the long version.
 
-use std::path::PathBuf;
+use murmur_netns::scenario::partition;
 
-use murmur_netns::scenario::{Report, ScenarioOptions, partition};
+mod common;
 
 #[test]
 fn both_halves_train_through_a_partition_and_reconverge_after_the_heal() {
-    let out =
-        std::env::temp_dir().join(format!("murmur-scenario-partition-{}", std::process::id()));
-    let options = ScenarioOptions::beside_netem(
-        false,
-        out.clone(),
-        PathBuf::from(env!("CARGO_BIN_EXE_murmur-netem")),
-    )
-    .unwrap_or_else(|error| panic!("{error:#}"));
+    let options = common::options("partition");
+    let out = &options.out;
     let report = partition::run(&options).unwrap_or_else(|error| panic!("{error:#}"));
-    let json = report.to_json();
-    eprintln!("{json}");
-    if let Err(missed) = report.check() {
-        panic!("{missed}\n{json}\n(peers' folders in {})", out.display());
-    }
+    let json = common::passing_json(&report, &options);
     // The split was real: after the heal the halves' distance showed above the bound.
     assert!(
         report
@@ -38,5 +28,5 @@ fn both_halves_train_through_a_partition_and_reconverge_after_the_heal() {
         "no peer saw the halves' distance after the heal: {json}"
     );
     assert!(out.join("partition-drift.png").is_file());
-    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(out);
 }

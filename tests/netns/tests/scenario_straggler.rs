@@ -7,26 +7,16 @@
 //! machine's speed. It needs root, iproute2 and the `murmur` binary of the same profile
 //! (`cargo build -p murmur`).
 
-use std::path::PathBuf;
+use murmur_netns::scenario::straggler;
 
-use murmur_netns::scenario::{Report, ScenarioOptions, straggler};
+mod common;
 
 #[test]
 fn sgp_loses_only_the_stragglers_share_and_the_sync_ring_waits_for_it() {
-    let out =
-        std::env::temp_dir().join(format!("murmur-scenario-straggler-{}", std::process::id()));
-    let options = ScenarioOptions::beside_netem(
-        false,
-        out.clone(),
-        PathBuf::from(env!("CARGO_BIN_EXE_murmur-netem")),
-    )
-    .unwrap_or_else(|error| panic!("{error:#}"));
+    let options = common::options("straggler");
+    let out = &options.out;
     let report = straggler::run(&options).unwrap_or_else(|error| panic!("{error:#}"));
-    let json = report.to_json();
-    eprintln!("{json}");
-    if let Err(missed) = report.check() {
-        panic!("{missed}\n{json}");
-    }
+    let json = common::passing_json(&report, &options);
     let modes = json["modes"].as_array().expect("modes");
     let names: Vec<&str> = modes.iter().filter_map(|m| m["mode"].as_str()).collect();
     assert_eq!(names, ["sgp", "sync-ring"], "{json}");

@@ -253,11 +253,7 @@ impl Report for ConvergenceReport {
                 None => Some(format!("{}: no loss floor to measure against", m.mode)),
             })
             .collect();
-        if missed.is_empty() {
-            Ok(())
-        } else {
-            Err(missed.join("; "))
-        }
+        crate::scenario::verdict(&missed)
     }
 }
 

@@ -69,6 +69,15 @@ pub trait Report {
     fn check(&self) -> Result<(), String>;
 }
 
+/// A [`Report::check`]'s answer from the bounds it found missed: `Ok` when none was.
+pub(crate) fn verdict(missed: &[String]) -> Result<(), String> {
+    if missed.is_empty() {
+        Ok(())
+    } else {
+        Err(missed.join("; "))
+    }
+}
+
 /// Writes the hosts file that `murmur local --hosts` and `murmur bench allreduce --hosts`
 /// read: peer `i` runs in the harness's namespace `i` and listens on its address.
 pub fn write_hosts_file(harness: &Harness, path: &Path) -> anyhow::Result<()> {

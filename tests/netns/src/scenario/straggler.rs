@@ -306,11 +306,7 @@ impl Report for StragglerReport {
                 _ => {}
             }
         }
-        if missed.is_empty() {
-            Ok(())
-        } else {
-            Err(missed.join("; "))
-        }
+        crate::scenario::verdict(&missed)
     }
 }
 

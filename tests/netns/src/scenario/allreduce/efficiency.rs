@@ -478,11 +478,7 @@ impl Report for EfficiencyReport {
                 ));
             }
         }
-        if missed.is_empty() {
-            Ok(())
-        } else {
-            Err(missed.join("; "))
-        }
+        crate::scenario::verdict(&missed)
     }
 }
 

@@ -178,10 +178,6 @@ impl Report for LatencyReport {
                 "butterfly rounds ({butterfly:.2} RTT) are not faster than the ring's ({ring:.2} RTT)"
             ));
         }
-        if missed.is_empty() {
-            Ok(())
-        } else {
-            Err(missed.join("; "))
-        }
+        crate::scenario::verdict(&missed)
     }
 }
