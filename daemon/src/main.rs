@@ -6,6 +6,7 @@
 mod bench;
 mod checkpoint;
 mod cli;
+mod clock;
 mod config;
 mod hosts;
 mod input_error;

@@ -134,7 +134,7 @@ fn swarm_invite(args: &SwarmInviteArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let issued_at = config::unix_now();
+    let issued_at = crate::clock::unix_s();
     let expires_at = issued_at.saturating_add(args.valid_days * SECONDS_PER_DAY);
     let invite = Invite::issue(&authority, &peer, &swarm, issued_at, expires_at)
         .context("signing the invite")?;
@@ -189,7 +189,7 @@ fn write_new(path: &Path, text: &str) -> anyhow::Result<()> {
 
 /// One paragraph: who, which swarm, how it averages, what it trains.
 fn summary(loaded: &LoadedConfig) -> String {
-    let now = config::unix_now();
+    let now = crate::clock::unix_s();
     let days_left = loaded.invite.expires_at().saturating_sub(now) / SECONDS_PER_DAY;
     let model = match config::param_count(&loaded.task) {
         Some(count) => format!("{} model of {count} parameters", model_kind(loaded)),

@@ -177,12 +177,10 @@ impl RoundHost for BenchPeer {
     }
 }
 
-/// Seconds since the Unix epoch: comparable between the peers of one host, which is where
-/// the benchmark's round periods are measured.
+/// Seconds since the Unix epoch, to the millisecond: comparable between the peers of one
+/// host, which is where the benchmark's round periods are measured.
 fn unix_s() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
+    crate::clock::unix_ms() as f64 / 1e3
 }
 
 fn emit(line: serde_json::Value) {

@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use murmur_gossip::net::NetConfig;
 use murmur_protocol::identity::{Invite, Keypair, MAX_INVITE_LEN};
@@ -157,13 +157,6 @@ impl ConfigFile {
             log: config.log.clone(),
         })
     }
-}
-
-/// Seconds since the unix epoch by this host's clock.
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs())
 }
 
 /// A toml error as `FILE:LINE:COL: key: message`.

@@ -32,7 +32,7 @@ use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 use murmur_trainer::{Model, TaskConfig};
 
 pub(crate) use error::ConfigError;
-pub(crate) use load::{ConfigFile, unix_now};
+pub(crate) use load::ConfigFile;
 pub(crate) use schema::{
     AveragingMode, CheckpointSection, LocalSgdSection, LogFormat, LogSection, RingSection,
     VolunteerSection,
@@ -42,7 +42,7 @@ pub(crate) use validate::DeviceChoice;
 /// Reads, checks and loads the config file at `path`, checking the invite against this
 /// host's clock.
 pub(crate) fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
-    load_at(path, unix_now())
+    load_at(path, crate::clock::unix_s())
 }
 
 /// [`load()`], with the invite checked at `now_unix_s`.

@@ -13,7 +13,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
@@ -53,7 +52,7 @@ impl SwarmDir {
         };
         let authority = Keypair::create_file(root.join("authority.key"))?;
         let swarm = SwarmId::new(SWARM_ID).context("the local swarm id")?;
-        let issued_at = now_unix_s();
+        let issued_at = crate::clock::unix_s();
         let mut ids = Vec::with_capacity(peers);
         for index in 0..peers {
             let dir = root.join(peer_dir_name(index));
@@ -151,17 +150,10 @@ fn prepare_out_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(dir.to_owned())
 }
 
-fn now_unix_s() -> u64 {
-    // A clock before 1970 gives invites issued at 0, still valid for the run.
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// A fresh folder under the temp folder that outlives this process.
 fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let base = std::env::temp_dir();
-    let stamp = now_unix_s();
+    let stamp = crate::clock::unix_s();
     // The process id makes the name unique among concurrent runs; the counter among retries.
     for attempt in 0..100u32 {
         let dir = base.join(format!(
@@ -474,7 +466,12 @@ mod tests {
             assert_eq!(invite.peer(), &key.peer_id());
             assert_eq!(invite.swarm(), &swarm);
             invite
-                .verify(&authority.public(), &swarm, &key.peer_id(), now_unix_s())
+                .verify(
+                    &authority.public(),
+                    &swarm,
+                    &key.peer_id(),
+                    crate::clock::unix_s(),
+                )
                 .unwrap();
             dir.write_config(&plan, index, &[]).unwrap();
             assert!(dir.config_path(index).is_file());

@@ -2,7 +2,7 @@
 //! thread, membership news, signals, counters and progress lines.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use murmur_gossip::Time;
@@ -272,7 +272,7 @@ impl Peer {
         };
         HeartbeatBody {
             step,
-            timestamp_ms: unix_ms(),
+            timestamp_ms: crate::clock::unix_ms(),
             samples_per_s: self.rate as f32,
             upload_bytes_per_s: mean(|b| b.upload_bytes_per_s),
             download_bytes_per_s: mean(|b| b.download_bytes_per_s),
@@ -560,14 +560,6 @@ pub(crate) fn optimizer_of(snapshot: &Snapshot) -> Option<OptimizerState> {
 
 /// Local steps between refreshes of the state served to joiners.
 const STATE_EVERY: u64 = 10;
-
-/// Milliseconds since the Unix epoch.
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::collective::RoundOutcome;
-use super::peer::unix_ms;
+use crate::clock::unix_ms;
 
 /// Progress lines come at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);

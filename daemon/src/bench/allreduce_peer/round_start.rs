@@ -10,7 +10,7 @@
 //! has said the same, or after a bound. Telling costs one one-way trip per round.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use murmur_gossip::net::exchange::Parcel;
 use murmur_protocol::identity::PeerId;
@@ -72,9 +72,8 @@ impl BenchPeer {
         bound: Duration,
     ) -> anyhow::Result<Duration> {
         let started = Instant::now();
-        let deadline_ms = (SystemTime::now() + bound)
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        let deadline_ms = crate::clock::unix_ms().saturating_add(bound_ms);
         let ready = JoinGroup {
             round,
             deadline_ms,
