@@ -1,4 +1,5 @@
-//! The SGP state machine, input by input: hand-offs, joins, overlap, bad shares, returns.
+//! The SGP state machine, input by input: hand-offs, joins, overlap, bad shares, returns,
+//! refusals.
 
 use std::time::Duration;
 
@@ -335,6 +336,146 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
         a.view().contains(1),
         "a refused share does not drop its receiver"
     );
+}
+
+/// A quantized peer `a` whose first (exact) share reached `b` and was confirmed.
+fn quantized_pair(values: &[f32]) -> (SgpPeer<u32>, SgpPeer<u32>) {
+    let config = int8_config();
+    let mut a = peer(0, 2, values, config.clone());
+    let mut b = peer(1, 2, &vec![0.0; values.len()], config);
+    let (to, first, payload) = step(&mut a);
+    assert_eq!(first.reference, None);
+    let input = SgpInput::ShareReceived {
+        from: 0,
+        header: first,
+        payload: &payload,
+    };
+    b.handle(T0, input).expect("exact share");
+    let delivered = SgpInput::ShareDelivered { to, seq: first.seq };
+    a.handle(T0, delivered).expect("delivered");
+    (a, b)
+}
+
+#[test]
+fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_goes_exactly() {
+    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
+    let (mut a, _) = quantized_pair(&values);
+
+    // A quantized share the transport delivered, to a receiver that restarted meanwhile.
+    let (_, second, payload) = step(&mut a);
+    assert!(second.reference.is_some());
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to: 1,
+            seq: second.seq,
+        },
+    )
+    .expect("delivered");
+    let mut restarted = peer(1, 2, &[0.0; 100], int8_config());
+    let input = SgpInput::ShareReceived {
+        from: 0,
+        header: second,
+        payload: &payload,
+    };
+    let error = restarted.handle(T0, input).expect_err("unknown reference");
+    assert!(matches!(error, SgpError::StaleReference { .. }), "{error}");
+
+    // Its refusal gives the mass back: the weight exactly, the numerator to rounding.
+    let weight_before = a.state().weight();
+    let refused = SgpInput::ShareRefused {
+        by: 1,
+        step: second.step,
+    };
+    a.handle(T0, refused).expect("taken back");
+    assert_eq!(a.state().weight(), weight_before + second.weight);
+    let mut z = vec![0.0; 100];
+    a.debiased_into(&mut z).expect("mass");
+    for (&z, &v) in z.iter().zip(&values) {
+        assert!((z - v).abs() < 1e-5, "z {z} v {v}");
+    }
+    assert_eq!(a.stats().shares_returned, 1);
+
+    // A second notice of the same share finds nothing to take back and changes nothing.
+    let state = a.state().clone();
+    let again = SgpInput::ShareRefused {
+        by: 1,
+        step: second.step,
+    };
+    let error = a.handle(T0, again).expect_err("already taken back");
+    assert_eq!(error, SgpError::NotTakenBack { step: second.step });
+    assert_eq!(a.state(), &state);
+
+    // The edge was forgotten: the next share is exact, and the restarted peer takes it.
+    let (_, third, payload) = step(&mut a);
+    assert_eq!((third.reference, third.codec), (None, CodecSpec::F32));
+    let input = SgpInput::ShareReceived {
+        from: 0,
+        header: third,
+        payload: &payload,
+    };
+    restarted.handle(T0, input).expect("an exact share");
+}
+
+#[test]
+fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
+    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
+    let (mut a, _) = quantized_pair(&values);
+    let (_, second, _) = step(&mut a);
+    assert_eq!(a.shares_in_flight(), 1);
+    let weight_before = a.state().weight();
+    let refused = SgpInput::ShareRefused {
+        by: 1,
+        step: second.step,
+    };
+    a.handle(T0, refused).expect("taken back");
+    assert_eq!(a.shares_in_flight(), 0, "no longer waited for");
+    assert_eq!(a.state().weight(), weight_before + second.weight);
+    // The transport's report comes later and changes nothing.
+    let state = a.state().clone();
+    let delivered = SgpInput::ShareDelivered {
+        to: 1,
+        seq: second.seq,
+    };
+    a.handle(T0, delivered).expect("late report");
+    assert_eq!(a.state(), &state);
+}
+
+#[test]
+fn a_refusal_of_a_share_a_later_one_replaced_is_not_taken_back() {
+    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
+    let (mut a, _) = quantized_pair(&values);
+    let (_, second, _) = step(&mut a);
+    let delivered = SgpInput::ShareDelivered {
+        to: 1,
+        seq: second.seq,
+    };
+    a.handle(T0, delivered).expect("delivered");
+    let (_, third, _) = step(&mut a);
+    assert_eq!(third.reference, Some(second.step));
+    // The edge's reference is now the third share's: the second's value is gone.
+    let state = a.state().clone();
+    let refused = SgpInput::ShareRefused {
+        by: 1,
+        step: second.step,
+    };
+    let error = a.handle(T0, refused).expect_err("replaced");
+    assert_eq!(error, SgpError::NotTakenBack { step: second.step });
+    assert_eq!(a.state(), &state);
+    // The third one's refusal still takes it back.
+    let refused = SgpInput::ShareRefused {
+        by: 1,
+        step: third.step,
+    };
+    a.handle(T0, refused).expect("taken back");
+    assert_eq!(a.state().weight(), state.weight() + third.weight);
+}
+
+fn int8_config() -> SgpConfig {
+    SgpConfig {
+        share_codec: CodecSpec::Int8 { block: 64 },
+        ..SgpConfig::default()
+    }
 }
 
 #[test]

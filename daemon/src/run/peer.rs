@@ -182,6 +182,7 @@ impl Peer {
     pub(crate) fn record_parcel(&self, sent: bool, parcel: &Parcel) {
         let (codec, kind) = match parcel {
             Parcel::Share(m, _) => (Some(m.codec), FrameKind::PushSumShare),
+            Parcel::ShareRefused(_) => (None, FrameKind::ShareRefused),
             Parcel::PartChunk(m, _) => (Some(m.codec), FrameKind::TensorPartChunk),
             Parcel::Averaged(m, _) => (Some(m.codec), FrameKind::AveragedChunk),
             Parcel::JoinGroup(_) => (None, FrameKind::JoinGroup),

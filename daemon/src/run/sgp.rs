@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use murmur_gossip::net::NetEvent;
 use murmur_gossip::net::exchange::{Delivery, Parcel, SendReport};
-use murmur_gossip::sgp::{SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use murmur_gossip::sgp::{SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::{PushSumShare, ShareRefused};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::Finish;
@@ -23,6 +24,9 @@ use super::worker::{Done, Job};
 
 /// How long a leaving peer may take to hand off its mass.
 const LEAVE_BOUND: Duration = Duration::from_secs(4);
+/// The outbox tag of refusal notices; shares are tagged with their sequence numbers, which
+/// never reach it.
+const REFUSAL_TAG: u64 = u64::MAX;
 
 /// Runs SGP from `params` (a founder's parameters) or as a joiner (`None`) until the step
 /// budget is spent or a stop is requested; returns the final de-biased parameters.
@@ -307,10 +311,25 @@ impl SgpLoop {
                         payload: &payload,
                     };
                     if let Err(e) = machine.handle(now, input) {
-                        tracing::warn!(peer = %from, error = %e, "share refused");
+                        refuse_share(peer, from, &share, &e);
                     }
                 }
                 peer.mailbox.recycle(payload);
+            }
+            Parcel::ShareRefused(refused) => {
+                let now = peer.now();
+                let input = SgpInput::ShareRefused {
+                    by: from,
+                    step: refused.step,
+                };
+                match machine.handle(now, input) {
+                    Ok(()) => {
+                        tracing::info!(peer = %from, step = refused.step, "a refused share taken back")
+                    }
+                    Err(e) => {
+                        tracing::warn!(peer = %from, error = %e, "a refused share's mass is lost")
+                    }
+                }
             }
             other => {
                 tracing::debug!(peer = %from, "ignoring a non-SGP message in SGP mode");
@@ -420,6 +439,28 @@ impl SgpLoop {
                 }
             }
         }
+    }
+}
+
+/// Logs a share the machine would not take, and tells its sender when the sender can take it
+/// back: a quantized share built on a reference this peer does not hold (it restarted since
+/// the sender's last share, or dropped that edge). Its sender then takes the mass back and
+/// sends exactly next time, instead of losing half its mass on every share until the
+/// membership layer notices the restart.
+fn refuse_share(peer: &mut Peer, from: PeerId, share: &PushSumShare<'_>, error: &SgpError) {
+    tracing::warn!(peer = %from, error = %error, "share refused");
+    let Some(reference_step) = share.reference_step else {
+        return;
+    };
+    if !matches!(error, SgpError::StaleReference { .. }) {
+        return;
+    }
+    let notice = Parcel::ShareRefused(ShareRefused {
+        step: share.step,
+        reference_step,
+    });
+    if peer.outbox.send(from, REFUSAL_TAG, notice).is_err() {
+        tracing::warn!(peer = %from, "the outbox is full: a refused share's sender was not told");
     }
 }
 

@@ -50,6 +50,16 @@ pub enum SgpError {
         /// The reference version the share named.
         version: u64,
     },
+    /// A receiver refused a share ([`SgpInput::ShareRefused`](super::SgpInput::ShareRefused))
+    /// that this peer cannot take back: another share went out on that edge since, or the
+    /// edge was forgotten. The refused share's mass is lost, as a crashed peer's is.
+    #[error(
+        "the share of step {step} was refused by its receiver but cannot be taken back (a later share went out on that edge, or the edge was forgotten); its mass is lost"
+    )]
+    NotTakenBack {
+        /// The refused share's step.
+        step: u64,
+    },
     /// A share's payload did not decode.
     #[error("share payload does not decode: {0}")]
     BadPayload(String),

@@ -52,6 +52,16 @@ pub enum SgpInput<'a, P> {
         /// departed heir.
         receiver_gone: bool,
     },
+    /// The receiver of a quantized share refused it after the transport delivered it: it
+    /// does not hold the reference the share was built on (it restarted, or dropped the
+    /// edge). The peer takes the share back and sends its next share to `by` exactly;
+    /// [`SgpError::NotTakenBack`] when a later share on that edge already replaced it.
+    ShareRefused {
+        /// The receiver that refused it, as the transport authenticated it.
+        by: P,
+        /// The refused share's step.
+        step: u64,
+    },
     /// The membership layer saw a new peer.
     PeerJoined(P),
     /// The membership layer saw a peer leave gracefully.
@@ -94,7 +104,7 @@ pub struct SgpStats {
     pub shares_sent: u64,
     /// Shares received from other peers and folded in.
     pub shares_received: u64,
-    /// Shares the transport gave back, folded back in.
+    /// Shares given back (by the transport, or refused by their receiver), folded back in.
     pub shares_returned: u64,
     /// Shares the peer stopped waiting for after `share_timeout_ms`.
     pub shares_timed_out: u64,
@@ -343,6 +353,14 @@ impl<P: PeerKey> SgpPeer<P> {
                 self.reclaim(to, header, payload)?;
                 if receiver_gone {
                     self.forget(to);
+                }
+                self.stats.shares_returned += 1;
+                self.after_absorb(now);
+            }
+            SgpInput::ShareRefused { by, step } => {
+                let edges = self.edges.as_mut().ok_or(SgpError::NotTakenBack { step })?;
+                if let Some(seq) = edges.take_back_refused(&mut self.state, by, step)? {
+                    self.remove_in_flight(by, seq);
                 }
                 self.stats.shares_returned += 1;
                 self.after_absorb(now);

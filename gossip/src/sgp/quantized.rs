@@ -15,8 +15,11 @@
 //! (`f32`) and sets the reference to `s / w_s`. An edge carries at most one unconfirmed
 //! share; a share due on an edge still waiting is skipped (the peer keeps that mass), so
 //! that a returned share can always be taken back exactly. A receiver whose reference does
-//! not match a share rejects it with [`SgpError::StaleReference`], and the transport
-//! returns it to its sender, who takes it back and forgets the edge.
+//! not match a share rejects it with [`SgpError::StaleReference`] and tells its sender
+//! (a `ShareRefused` message, or the transport hands the share back before confirming
+//! it); the sender takes the share back and forgets the edge. A refusal can come after
+//! the transport confirmed the share, so each edge remembers the weight of its last share
+//! until the next: its reference is that share's `v`, and `w_s · v` is what to take back.
 
 use murmur_protocol::codec::{Codec, CodecSpec};
 
@@ -35,6 +38,9 @@ struct OutEdge<P> {
     reference: Vec<f32>,
     /// Sequence number of the share on this edge not yet confirmed.
     unconfirmed: Option<u64>,
+    /// The weight of the last share on this edge (the one of step `version`), which its
+    /// receiver may still refuse after the transport confirmed it.
+    last_weight: f64,
     /// The peer left the view; drop the edge once its share is settled.
     orphaned: bool,
     last_used: u64,
@@ -113,6 +119,7 @@ impl<P: PeerKey> EdgeReferences<P> {
                 version: step,
                 reference,
                 unconfirmed: Some(seq),
+                last_weight: weight,
                 orphaned: false,
                 last_used: clock,
             });
@@ -143,6 +150,7 @@ impl<P: PeerKey> EdgeReferences<P> {
         let reference = Some(edge.version);
         edge.version = step;
         edge.unconfirmed = Some(seq);
+        edge.last_weight = weight;
         edge.last_used = clock;
         Some(SplitShare {
             weight,
@@ -240,6 +248,30 @@ impl<P: PeerKey> EdgeReferences<P> {
         let edge = self.out_edges.swap_remove(at);
         state.add_scaled(header.weight, &edge.reference);
         Ok(())
+    }
+
+    /// Takes back the share of `step` that `to` refused after taking delivery (it did not
+    /// hold the reference the share was built on), and forgets the edge, so that the next
+    /// share to `to` goes exactly. Returns the share's sequence number if the transport has
+    /// not confirmed it yet.
+    ///
+    /// Fails, leaving `state` untouched, unless that share is still the edge's last: a later
+    /// one overwrote the reference it needs (that one will be refused and taken back in its
+    /// turn), or the edge was forgotten.
+    pub(crate) fn take_back_refused(
+        &mut self,
+        state: &mut PushSumState,
+        to: P,
+        step: u64,
+    ) -> Result<Option<u64>, SgpError> {
+        let at = self
+            .out_edges
+            .iter()
+            .position(|edge| edge.peer == to && edge.version == step)
+            .ok_or(SgpError::NotTakenBack { step })?;
+        let edge = self.out_edges.swap_remove(at);
+        state.add_scaled(edge.last_weight, &edge.reference);
+        Ok(edge.unconfirmed)
     }
 
     /// The share `seq` to `to` was delivered.

@@ -29,11 +29,14 @@ pub enum FrameKind {
     StateSyncResponse = 10,
     /// [`Reject`](crate::message::Reject): the peer refuses or closes, with a reason.
     Reject = 11,
+    /// [`ShareRefused`](crate::message::ShareRefused): a push-sum share its receiver could
+    /// not use, for its sender to take back.
+    ShareRefused = 12,
 }
 
 impl FrameKind {
     /// Every kind, in byte order.
-    pub const ALL: [FrameKind; 11] = [
+    pub const ALL: [FrameKind; 12] = [
         FrameKind::AuthHello,
         FrameKind::Heartbeat,
         FrameKind::JoinGroup,
@@ -45,6 +48,7 @@ impl FrameKind {
         FrameKind::StateSyncRequest,
         FrameKind::StateSyncResponse,
         FrameKind::Reject,
+        FrameKind::ShareRefused,
     ];
 
     /// The kind with this byte value, if any.
@@ -73,6 +77,7 @@ impl FrameKind {
             FrameKind::StateSyncRequest => "state_sync_request",
             FrameKind::StateSyncResponse => "state_sync_response",
             FrameKind::Reject => "reject",
+            FrameKind::ShareRefused => "share_refused",
         }
     }
 }

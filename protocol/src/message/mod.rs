@@ -20,7 +20,7 @@
 //! | [`Heartbeat`] ([`HeartbeatBody`]) | membership gossip |
 //! | [`JoinGroup`], [`GroupBegin`], [`GroupReject`] | butterfly matchmaking |
 //! | [`TensorPartChunk`], [`AveragedChunk`] | butterfly all-reduce |
-//! | [`PushSumShare`] | SGP |
+//! | [`PushSumShare`], [`ShareRefused`] | SGP |
 //! | [`StateSyncRequest`], [`StateSyncResponse`] | a joining peer fetching the model state |
 //! | [`Reject`] | refusing or closing a stream, with a reason |
 
@@ -41,7 +41,7 @@ pub use group::{
     MAX_PEER_ID_LEN,
 };
 pub use heartbeat::{AveragingMode, Heartbeat, HeartbeatBody, MAX_HEARTBEAT_ENVELOPE_LEN};
-pub use push_sum::PushSumShare;
+pub use push_sum::{PushSumShare, ShareRefused};
 pub use reject::{MAX_REJECT_TEXT_LEN, Reject, RejectCode};
 pub use state_sync::{StateSyncRequest, StateSyncResponse};
 pub use tensor::{AveragedChunk, ChunkAddress, TensorPartChunk};
@@ -103,6 +103,8 @@ pub enum Message<'a> {
     StateSyncResponse(StateSyncResponse<'a>),
     /// See [`Reject`].
     Reject(Reject<'a>),
+    /// See [`ShareRefused`].
+    ShareRefused(ShareRefused),
 }
 
 /// Calls `$body` with `$m` bound to the message inside whichever variant `$message` is.
@@ -120,6 +122,7 @@ macro_rules! each_variant {
             Message::StateSyncRequest($m) => $body,
             Message::StateSyncResponse($m) => $body,
             Message::Reject($m) => $body,
+            Message::ShareRefused($m) => $body,
         }
     };
 }
@@ -194,6 +197,7 @@ impl<'a> Message<'a> {
                 Message::StateSyncResponse(StateSyncResponse::decode(payload)?)
             }
             FrameKind::Reject => Message::Reject(Reject::decode(payload)?),
+            FrameKind::ShareRefused => Message::ShareRefused(ShareRefused::decode(payload)?),
         })
     }
 
@@ -228,4 +232,5 @@ into_message!(
     StateSyncRequest,
     StateSyncResponse<'a>,
     Reject<'a>,
+    ShareRefused,
 );

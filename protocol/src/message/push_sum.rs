@@ -1,4 +1,5 @@
-//! Stochastic Gradient Push data: a share of a peer's push-sum mass.
+//! Stochastic Gradient Push data: a share of a peer's push-sum mass, and the notice that
+//! sends one back.
 
 use super::fields::{OPTION_U64_LEN, check_codec, check_finite, decode_with, encode_with};
 use super::fields::{read_codec, read_option_u64, write_codec, write_option_u64};
@@ -115,5 +116,50 @@ impl<'a> WireMessage<'a> for PushSumShare<'a> {
         })?;
         share.validate()?;
         Ok(share)
+    }
+}
+
+/// Tells the sender of a push-sum share that its receiver could not use it, so that the
+/// sender takes the share's mass back instead of losing it.
+///
+/// A receiver refuses a share that is a deviation from a reference it does not hold: it
+/// restarted, or dropped that edge's reference, since the sender last shared with it. The
+/// sender knows which share is meant by its step (one share per step and edge), takes back
+/// the weight and numerator it moved, and sends its next share on that edge exactly.
+///
+/// Wire form, 16 bytes: `step u64 | reference_step u64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareRefused {
+    /// The refused share's `step`.
+    pub step: u64,
+    /// The refused share's `reference_step`: the reference the receiver did not hold.
+    pub reference_step: u64,
+}
+
+impl<'a> WireMessage<'a> for ShareRefused {
+    const KIND: FrameKind = FrameKind::ShareRefused;
+
+    fn encoded_len(&self) -> usize {
+        8 + 8
+    }
+
+    fn validate(&self) -> Result<(), MessageError> {
+        Ok(())
+    }
+
+    fn encode_into(&self, out: &mut [u8]) -> Result<usize, MessageError> {
+        encode_with(out, WireMessage::encoded_len(self), |w| {
+            w.u64(self.step)?;
+            Ok(w.u64(self.reference_step)?)
+        })
+    }
+
+    fn decode(payload: &'a [u8]) -> Result<Self, MessageError> {
+        decode_with(<Self as WireMessage<'a>>::KIND, payload, |r| {
+            Ok(ShareRefused {
+                step: r.u64("step")?,
+                reference_step: r.u64("reference_step")?,
+            })
+        })
     }
 }

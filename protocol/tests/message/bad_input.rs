@@ -7,8 +7,8 @@ use murmur_protocol::message::{
     AuthHello, AveragedChunk, AveragingMode, ChunkAddress, GroupBegin, GroupMember, GroupReject,
     GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_GROUP_MEMBERS,
     MAX_HEARTBEAT_ENVELOPE_LEN, MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, MAX_REJECT_TEXT_LEN,
-    Message, MessageError, PushSumShare, Reject, RejectCode, StateSyncRequest, TensorPartChunk,
-    WireMessage,
+    Message, MessageError, PushSumShare, Reject, RejectCode, ShareRefused, StateSyncRequest,
+    TensorPartChunk, WireMessage,
 };
 
 use super::allocation_counter::allocations_during;
@@ -56,7 +56,11 @@ fn trailing_bytes_are_rejected() {
             part_elements: 10,
         }],
     };
-    let cases: [(FrameKind, Vec<u8>); 7] = [
+    let refused = ShareRefused {
+        step: 9,
+        reference_step: 4,
+    };
+    let cases: [(FrameKind, Vec<u8>); 8] = [
         (FrameKind::JoinGroup, payload_of(&join)),
         (FrameKind::AuthHello, payload_of(&hello)),
         (
@@ -69,6 +73,7 @@ fn trailing_bytes_are_rejected() {
         (FrameKind::Reject, payload_of(&reject)),
         (FrameKind::GroupReject, payload_of(&group_reject)),
         (FrameKind::GroupBegin, payload_of(&begin)),
+        (FrameKind::ShareRefused, payload_of(&refused)),
     ];
     for (kind, payload) in cases {
         assert!(Message::decode(kind, &payload).is_ok());

@@ -7,7 +7,7 @@ use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::{
     AuthHello, AveragedChunk, AveragingMode, ChunkAddress, GroupBegin, GroupMember, GroupReject,
     GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_HEARTBEAT_ENVELOPE_LEN,
-    MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, Message, PushSumShare, Reject, RejectCode,
+    MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, Message, PushSumShare, Reject, RejectCode, ShareRefused,
     StateSyncRequest, StateSyncResponse, TensorPartChunk,
 };
 use proptest::prelude::*;
@@ -216,6 +216,13 @@ fn push_sum_share() -> impl Strategy<Value = PushSumShare<'static>> {
         )
 }
 
+fn share_refused() -> impl Strategy<Value = ShareRefused> {
+    (any::<u64>(), any::<u64>()).prop_map(|(step, reference_step)| ShareRefused {
+        step,
+        reference_step,
+    })
+}
+
 fn state_sync_request() -> impl Strategy<Value = StateSyncRequest> {
     (any::<u64>(), 1u32.., any::<[u8; 32]>()).prop_map(
         |(from_offset, max_bytes, expected_digest)| StateSyncRequest {
@@ -272,5 +279,6 @@ pub(crate) fn message() -> impl Strategy<Value = Message<'static>> {
         state_sync_request().prop_map(Message::from),
         state_sync_response().prop_map(Message::from),
         reject().prop_map(Message::from),
+        share_refused().prop_map(Message::from),
     ]
 }

@@ -4,7 +4,7 @@
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
     AveragedChunk, GroupBegin, GroupMember, GroupReject, JoinGroup, MAX_GROUP_MEMBERS, Message,
-    PushSumShare, StateSyncRequest, StateSyncResponse, TensorPartChunk,
+    PushSumShare, ShareRefused, StateSyncRequest, StateSyncResponse, TensorPartChunk,
 };
 
 /// An averaging-protocol message with its payload in an owned buffer.
@@ -16,6 +16,8 @@ use murmur_protocol::message::{
 pub enum Parcel {
     /// A push-sum share (SGP).
     Share(PushSumShare<'static>, Vec<u8>),
+    /// A push-sum share its receiver could not use, for the sender to take back (SGP).
+    ShareRefused(ShareRefused),
     /// A member's copy of a chunk of the part its receiver reduces (butterfly, ring).
     PartChunk(TensorPartChunk<'static>, Vec<u8>),
     /// A chunk of an averaged part (butterfly).
@@ -84,6 +86,7 @@ impl Parcel {
             Message::JoinGroup(m) => Parcel::JoinGroup(*m),
             Message::GroupReject(m) => Parcel::GroupReject(*m),
             Message::StateSyncRequest(m) => Parcel::StateSyncRequest(*m),
+            Message::ShareRefused(m) => Parcel::ShareRefused(*m),
             Message::GroupBegin(m) => {
                 let mut members = Vec::with_capacity(m.members.len().min(MAX_GROUP_MEMBERS));
                 for (index, member) in m.members.iter().enumerate() {
@@ -118,6 +121,7 @@ impl Parcel {
             Parcel::JoinGroup(m) => Message::JoinGroup(*m),
             Parcel::GroupReject(m) => Message::GroupReject(*m),
             Parcel::StateSyncRequest(m) => Message::StateSyncRequest(*m),
+            Parcel::ShareRefused(m) => Message::ShareRefused(*m),
             Parcel::GroupBegin {
                 round,
                 group_id,
