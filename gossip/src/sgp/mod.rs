@@ -45,6 +45,10 @@
 //!   average of the mass that remains, which is still an average of the initial values.
 //! - A share its transport could not deliver is given back ([`SgpInput::ShareReturned`])
 //!   and folded in again by its sender.
+//! - *Restart*: a peer that restarts under the same identity has lost its edge references,
+//!   while its neighbours may not have noticed yet. It refuses their quantized shares
+//!   ([`SgpError::StaleReference`]) and tells each sender, who takes the share back
+//!   ([`SgpInput::ShareRefused`]) and shares exactly from then on.
 //! - *Weight underflow*: crashes lose mass, so under long churn the swarm's total weight
 //!   shrinks geometrically, and an `f32` numerator `x = w·z` would underflow to zero. A peer
 //!   whose weight falls below [`MIN_WEIGHT`] scales its pair by a power of two before it
