@@ -12,6 +12,39 @@ use prometheus::{
 use super::ObserveError;
 use super::registry::{named, register};
 
+/// What became of a push-sum share refused for a stale reference (SGP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Refusal {
+    /// This peer refused a share and told its sender.
+    Refused,
+    /// A share this peer sent was refused, and it took the share back.
+    TakenBack,
+    /// A share this peer sent was refused too late to take back; its mass is lost.
+    Lost,
+}
+
+impl Refusal {
+    /// Every kind, in label order.
+    pub(crate) const ALL: [Refusal; 3] = [Refusal::Refused, Refusal::TakenBack, Refusal::Lost];
+
+    /// The label value.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Refusal::Refused => "refused",
+            Refusal::TakenBack => "taken_back",
+            Refusal::Lost => "lost",
+        }
+    }
+
+    fn index(self) -> usize {
+        match self {
+            Refusal::Refused => 0,
+            Refusal::TakenBack => 1,
+            Refusal::Lost => 2,
+        }
+    }
+}
+
 /// How a round ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum RoundOutcome {
@@ -113,6 +146,7 @@ struct Inner {
     parts_timed_out: [IntCounter; MODES],
     push_sum_weight: Gauge,
     consensus_drift: Gauge,
+    refusals: [IntCounter; 3],
 }
 
 /// Round durations from 5 ms to about 160 s, doubling.
@@ -153,6 +187,10 @@ impl AveragingMetrics {
         let help = "Relative L2 distance between this peer's parameters and the last average \
                     it saw.";
         let consensus_drift = named(name, Gauge::new(name, help))?;
+        let name = "murmur_averaging_share_refusals_total";
+        let help = "Push-sum shares refused for a reference the receiver did not hold (SGP): \
+                    refused here, or sent from here and taken back or lost.";
+        let refusals = named(name, IntCounterVec::new(Opts::new(name, help), &["event"]))?;
 
         let modes = AveragingMode::ALL.map(AveragingMode::name);
         let outcomes = RoundOutcome::ALL.map(RoundOutcome::name);
@@ -165,6 +203,7 @@ impl AveragingMetrics {
             parts_timed_out: modes.map(|m| parts_timed_out.with_label_values(&[m])),
             push_sum_weight,
             consensus_drift,
+            refusals: Refusal::ALL.map(|r| refusals.with_label_values(&[r.name()])),
         };
         register(registry, rounds)?;
         register(registry, durations)?;
@@ -174,6 +213,7 @@ impl AveragingMetrics {
         register(registry, parts_timed_out)?;
         register(registry, inner.push_sum_weight.clone())?;
         register(registry, inner.consensus_drift.clone())?;
+        register(registry, refusals)?;
         Ok(AveragingMetrics { inner: Some(inner) })
     }
 
@@ -197,6 +237,13 @@ impl AveragingMetrics {
     pub(crate) fn set_push_sum_weight(&self, weight: f64) {
         if let Some(m) = &self.inner {
             m.push_sum_weight.set(weight);
+        }
+    }
+
+    /// A push-sum share refused for a stale reference, on either side.
+    pub(crate) fn count_refusal(&self, refusal: Refusal) {
+        if let Some(m) = &self.inner {
+            m.refusals[refusal.index()].inc();
         }
     }
 
@@ -281,7 +328,15 @@ mod tests {
         let m = AveragingMetrics::register(&registry).expect("registers");
         m.set_push_sum_weight(0.125);
         m.set_consensus_drift(0.03);
+        m.count_refusal(Refusal::TakenBack);
+        m.count_refusal(Refusal::TakenBack);
+        m.count_refusal(Refusal::Lost);
         let text = text(&registry);
+        for (event, count) in [("refused", 0), ("taken_back", 2), ("lost", 1)] {
+            let line =
+                format!("murmur_averaging_share_refusals_total{{event=\"{event}\"}} {count}\n");
+            assert!(text.contains(&line), "{line}{text}");
+        }
         assert!(
             text.contains("murmur_averaging_push_sum_weight 0.125\n"),
             "{text}"

@@ -38,6 +38,7 @@
 //! | `murmur_averaging_consensus_drift` | gauge | | relative L2 distance `‖x − x̄‖ / ‖x̄‖` between this peer's parameters and the last average it saw |
 //! | `murmur_averaging_stragglers_dropped_total` | counter | mode | group members dropped from a round for not sending in time |
 //! | `murmur_averaging_parts_timed_out_total` | counter | mode | parts whose reducer did not answer in time (kept local values) |
+//! | `murmur_averaging_share_refusals_total` | counter | event | push-sum shares refused for a reference the receiver did not hold (SGP): `refused` here, or sent from here and `taken_back` or `lost` |
 //! | `murmur_net_connected_peers` | gauge | | connected peers whose invite verified |
 //! | `murmur_net_bandwidth_cap_bytes_per_second` | gauge | direction | the volunteer's cap on tensor bytes per second (`upload`, `download`); 0 = none |
 //! | `murmur_net_message_bytes_sent_total` | counter | codec, kind | frame bytes this peer sent |
@@ -90,7 +91,7 @@ mod request;
 mod status;
 mod training;
 
-pub(crate) use averaging::{RoundOutcome, RoundSummary};
+pub(crate) use averaging::{Refusal, RoundOutcome, RoundSummary};
 pub(crate) use http::{HttpLimits, serve};
 pub(crate) use logging::{LogFormat, init_logging};
 pub(crate) use registry::{Metrics, MetricsOptions};

@@ -21,6 +21,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::Finish;
 use super::peer::{Peer, Request};
 use super::worker::{Done, Job};
+use crate::observe::Refusal;
 
 /// How long a leaving peer may take to hand off its mass.
 const LEAVE_BOUND: Duration = Duration::from_secs(4);
@@ -322,14 +323,17 @@ impl SgpLoop {
                     by: from,
                     step: refused.step,
                 };
-                match machine.handle(now, input) {
+                let fate = match machine.handle(now, input) {
                     Ok(()) => {
-                        tracing::info!(peer = %from, step = refused.step, "a refused share taken back")
+                        tracing::info!(peer = %from, step = refused.step, "a refused share taken back");
+                        Refusal::TakenBack
                     }
                     Err(e) => {
-                        tracing::warn!(peer = %from, error = %e, "a refused share's mass is lost")
+                        tracing::warn!(peer = %from, error = %e, "a refused share's mass is lost");
+                        Refusal::Lost
                     }
-                }
+                };
+                peer.metrics.averaging.count_refusal(fate);
             }
             other => {
                 tracing::debug!(peer = %from, "ignoring a non-SGP message in SGP mode");
@@ -455,6 +459,7 @@ fn refuse_share(peer: &mut Peer, from: PeerId, share: &PushSumShare<'_>, error: 
     if !matches!(error, SgpError::StaleReference { .. }) {
         return;
     }
+    peer.metrics.averaging.count_refusal(Refusal::Refused);
     let notice = Parcel::ShareRefused(ShareRefused {
         step: share.step,
         reference_step,
