@@ -338,11 +338,13 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
     );
 }
 
-/// A quantized peer `a` whose first (exact) share reached `b` and was confirmed.
-fn quantized_pair(values: &[f32]) -> (SgpPeer<u32>, SgpPeer<u32>) {
+/// A quantized peer 0 whose first (exact) share reached peer 1 and was confirmed, and the
+/// values it started from.
+fn quantized_sender() -> (SgpPeer<u32>, Vec<f32>) {
+    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
     let config = int8_config();
-    let mut a = peer(0, 2, values, config.clone());
-    let mut b = peer(1, 2, &vec![0.0; values.len()], config);
+    let mut a = peer(0, 2, &values, config.clone());
+    let mut b = peer(1, 2, &[0.0; 100], config);
     let (to, first, payload) = step(&mut a);
     assert_eq!(first.reference, None);
     let input = SgpInput::ShareReceived {
@@ -353,13 +355,21 @@ fn quantized_pair(values: &[f32]) -> (SgpPeer<u32>, SgpPeer<u32>) {
     b.handle(T0, input).expect("exact share");
     let delivered = SgpInput::ShareDelivered { to, seq: first.seq };
     a.handle(T0, delivered).expect("delivered");
-    (a, b)
+    (a, values)
+}
+
+/// A refusal of the share of `step` that `a` cannot take back: an error, and no change.
+fn assert_not_taken_back(a: &mut SgpPeer<u32>, step: u64) {
+    let state = a.state().clone();
+    let refused = SgpInput::ShareRefused { by: 1, step };
+    let error = a.handle(T0, refused).expect_err("nothing to take back");
+    assert_eq!(error, SgpError::NotTakenBack { step });
+    assert_eq!(a.state(), &state);
 }
 
 #[test]
 fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_goes_exactly() {
-    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
-    let (mut a, _) = quantized_pair(&values);
+    let (mut a, values) = quantized_sender();
 
     // A quantized share the transport delivered, to a receiver that restarted meanwhile.
     let (_, second, payload) = step(&mut a);
@@ -397,14 +407,7 @@ fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_goes_exactly() 
     assert_eq!(a.stats().shares_returned, 1);
 
     // A second notice of the same share finds nothing to take back and changes nothing.
-    let state = a.state().clone();
-    let again = SgpInput::ShareRefused {
-        by: 1,
-        step: second.step,
-    };
-    let error = a.handle(T0, again).expect_err("already taken back");
-    assert_eq!(error, SgpError::NotTakenBack { step: second.step });
-    assert_eq!(a.state(), &state);
+    assert_not_taken_back(&mut a, second.step);
 
     // The edge was forgotten: the next share is exact, and the restarted peer takes it.
     let (_, third, payload) = step(&mut a);
@@ -419,8 +422,7 @@ fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_goes_exactly() 
 
 #[test]
 fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
-    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
-    let (mut a, _) = quantized_pair(&values);
+    let (mut a, _) = quantized_sender();
     let (_, second, _) = step(&mut a);
     assert_eq!(a.shares_in_flight(), 1);
     let weight_before = a.state().weight();
@@ -443,8 +445,7 @@ fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
 
 #[test]
 fn a_refusal_of_a_share_a_later_one_replaced_is_not_taken_back() {
-    let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
-    let (mut a, _) = quantized_pair(&values);
+    let (mut a, _) = quantized_sender();
     let (_, second, _) = step(&mut a);
     let delivered = SgpInput::ShareDelivered {
         to: 1,
@@ -454,14 +455,8 @@ fn a_refusal_of_a_share_a_later_one_replaced_is_not_taken_back() {
     let (_, third, _) = step(&mut a);
     assert_eq!(third.reference, Some(second.step));
     // The edge's reference is now the third share's: the second's value is gone.
+    assert_not_taken_back(&mut a, second.step);
     let state = a.state().clone();
-    let refused = SgpInput::ShareRefused {
-        by: 1,
-        step: second.step,
-    };
-    let error = a.handle(T0, refused).expect_err("replaced");
-    assert_eq!(error, SgpError::NotTakenBack { step: second.step });
-    assert_eq!(a.state(), &state);
     // The third one's refusal still takes it back.
     let refused = SgpInput::ShareRefused {
         by: 1,

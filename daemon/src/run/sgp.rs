@@ -453,12 +453,12 @@ impl SgpLoop {
 /// membership layer notices the restart.
 fn refuse_share(peer: &mut Peer, from: PeerId, share: &PushSumShare<'_>, error: &SgpError) {
     tracing::warn!(peer = %from, error = %error, "share refused");
-    let Some(reference_step) = share.reference_step else {
+    let &SgpError::StaleReference {
+        version: reference_step,
+    } = error
+    else {
         return;
     };
-    if !matches!(error, SgpError::StaleReference { .. }) {
-        return;
-    }
     peer.metrics.averaging.count_refusal(Refusal::Refused);
     let notice = Parcel::ShareRefused(ShareRefused {
         step: share.step,

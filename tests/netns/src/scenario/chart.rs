@@ -17,7 +17,7 @@ pub(crate) type Chart<'c, 'p> =
     ChartContext<'c, BitMapBackend<'p>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 /// Size of tick labels and legend entries.
-pub(crate) const LABEL_SIZE: u32 = 14;
+const LABEL_SIZE: u32 = 14;
 
 /// An image being drawn, and whether it can have text.
 pub(crate) struct Canvas<'a> {
