@@ -6,9 +6,16 @@
 //! sans-IO: it is fed packets and the time, and says which packets are due; the `murmur-netem`
 //! binary moves them between the TUN device and this queue.
 //!
-//! Held packets live in a slab of fixed-size slots allocated once, ordered by a min-heap keyed
-//! by release time (ties broken by arrival order, so one flow is never reordered). When every
-//! slot is taken the packet is dropped and counted, as a full router queue would.
+//! Held packets live in slabs of fixed-size slots allocated once, ordered by a min-heap keyed
+//! by release time (ties broken by arrival order, so one flow is never reordered). There may be
+//! several slot sizes ([`SlotClass`]): many small slots for full-size packets and a few large
+//! ones for the super-packets of a TUN device with segment offloads. A packet takes a free
+//! slot of the smallest size it fits; when none is free the packet is dropped and counted, as
+//! a full router queue would.
+//!
+//! A packet may be led by a fixed number of bytes that are not IP (`header_bytes`, the
+//! `virtio_net_hdr` of an offloading TUN device); they are held and released with it, and the
+//! addresses are read after them.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -62,12 +69,38 @@ pub enum DelayLineError {
     /// The queue can hold no packet.
     #[error("the delay queue must hold at least one packet; raise --queue-packets")]
     NoCapacity,
-    /// The slot size cannot hold an IPv4 packet.
-    #[error("packet slots of {bytes} bytes cannot hold a packet; give 576 to 65535 bytes")]
+    /// The slot size cannot hold an IPv4 packet, or is larger than any packet can be.
+    #[error(
+        "packet slots of {bytes} bytes cannot hold a packet and its {header_bytes}-byte header; \
+         give 576 + {header_bytes} to 65535 + {header_bytes} bytes"
+    )]
     SlotSize {
         /// The slot size as given.
         bytes: usize,
+        /// The bytes that lead each packet.
+        header_bytes: usize,
     },
+    /// The bytes before each IP packet are more than any device puts there.
+    #[error("packets led by {bytes} bytes of header; give at most {MAX_HEADER_BYTES}")]
+    HeaderSize {
+        /// The header size as given.
+        bytes: usize,
+    },
+}
+
+/// The most bytes that may lead each IP packet (a `virtio_net_hdr` is 10 or 12).
+pub const MAX_HEADER_BYTES: usize = 64;
+
+/// The largest IPv4 packet.
+const MAX_IPV4_PACKET: usize = 65_535;
+
+/// One size of the delay line's slots, and how many there are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotClass {
+    /// How many packets of this size the line holds at once.
+    pub count: usize,
+    /// The most bytes a slot holds, any header included.
+    pub bytes: usize,
 }
 
 impl LinkImpairment {
@@ -146,6 +179,9 @@ pub enum Admission {
 pub struct DelayLineStats {
     /// Packets offered to the line.
     pub received: u64,
+    /// Bytes of the packets offered to the line, their IP headers included and any leading
+    /// non-IP header not: with segment offloads, many times `received` × the MTU.
+    pub received_bytes: u64,
     /// Packets released after their delay.
     pub forwarded: u64,
     /// Packets lost by the configured loss probability.
@@ -160,15 +196,41 @@ pub struct DelayLineStats {
 #[derive(Debug)]
 pub struct DelayLine {
     links: Vec<LinkImpairment>,
-    slot_bytes: usize,
-    /// `capacity * slot_bytes` bytes: slot `i` is `slots[i * slot_bytes..][..slot_bytes]`.
-    slots: Vec<u8>,
-    lengths: Vec<usize>,
-    free: Vec<usize>,
-    due: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    /// Bytes before each IP packet, held with it.
+    header_bytes: usize,
+    /// Slot sizes, smallest first.
+    slabs: Vec<Slab>,
+    /// Held packets by release time and arrival: (release, arrival, slab, slot).
+    due: BinaryHeap<Reverse<(Instant, u64, usize, usize)>>,
     arrivals: u64,
     rng: StdRng,
     stats: DelayLineStats,
+}
+
+/// The slots of one [`SlotClass`].
+#[derive(Debug)]
+struct Slab {
+    slot_bytes: usize,
+    /// `count * slot_bytes` bytes: slot `i` is `bytes[i * slot_bytes..][..slot_bytes]`.
+    bytes: Vec<u8>,
+    lengths: Vec<usize>,
+    free: Vec<usize>,
+}
+
+impl Slab {
+    fn new(class: SlotClass) -> Self {
+        Self {
+            slot_bytes: class.bytes,
+            bytes: vec![0; class.count * class.bytes],
+            lengths: vec![0; class.count],
+            // Popped from the end: slot 0 is used first.
+            free: (0..class.count).rev().collect(),
+        }
+    }
+
+    fn packet(&self, slot: usize) -> &[u8] {
+        &self.bytes[slot * self.slot_bytes..][..self.lengths[slot]]
+    }
 }
 
 impl DelayLine {
@@ -180,22 +242,47 @@ impl DelayLine {
         slot_bytes: usize,
         seed: u64,
     ) -> Result<Self, DelayLineError> {
+        let class = SlotClass {
+            count: capacity,
+            bytes: slot_bytes,
+        };
+        Self::with_slots(links, &[class], 0, seed)
+    }
+
+    /// A line for `links` with slots of each of `classes`, for packets each led by
+    /// `header_bytes` bytes that are not IP, drawing losses from a generator seeded with
+    /// `seed`. Allocates everything it will use (pages the kernel maps on first touch).
+    pub fn with_slots(
+        links: Vec<LinkImpairment>,
+        classes: &[SlotClass],
+        header_bytes: usize,
+        seed: u64,
+    ) -> Result<Self, DelayLineError> {
         for link in &links {
             link.validate()?;
         }
+        if header_bytes > MAX_HEADER_BYTES {
+            return Err(DelayLineError::HeaderSize {
+                bytes: header_bytes,
+            });
+        }
+        let sizes = 576 + header_bytes..=MAX_IPV4_PACKET + header_bytes;
+        if let Some(class) = classes.iter().find(|class| !sizes.contains(&class.bytes)) {
+            return Err(DelayLineError::SlotSize {
+                bytes: class.bytes,
+                header_bytes,
+            });
+        }
+        let capacity: usize = classes.iter().map(|class| class.count).sum();
         if capacity == 0 {
             return Err(DelayLineError::NoCapacity);
         }
-        if !(576..=65535).contains(&slot_bytes) {
-            return Err(DelayLineError::SlotSize { bytes: slot_bytes });
-        }
+        let mut classes = classes.to_vec();
+        classes.sort_by_key(|class| class.bytes);
         Ok(Self {
             links,
-            slot_bytes,
-            slots: vec![0; capacity * slot_bytes],
-            lengths: vec![0; capacity],
-            // Popped from the end: slot 0 is used first.
-            free: (0..capacity).rev().collect(),
+            header_bytes,
+            slabs: classes.into_iter().map(Slab::new).collect(),
             due: BinaryHeap::with_capacity(capacity),
             arrivals: 0,
             rng: StdRng::seed_from_u64(seed),
@@ -203,14 +290,18 @@ impl DelayLine {
         })
     }
 
-    /// Offers `packet`, arrived at `now`, to the line; copies it into a slot when it is held.
+    /// Offers `packet` (its header, then the IP packet), arrived at `now`, to the line; copies
+    /// it into a slot when it is held.
     pub fn admit(&mut self, packet: &[u8], now: Instant) -> Admission {
         self.stats.received += 1;
-        if packet.len() > self.slot_bytes {
+        self.stats.received_bytes += packet.len().saturating_sub(self.header_bytes) as u64;
+        let largest = self.slabs.last().map_or(0, |slab| slab.slot_bytes);
+        if packet.len() > largest {
             self.stats.dropped_oversize += 1;
             return Admission::Oversize;
         }
-        let (ingress, egress) = match ipv4_endpoints(packet) {
+        let ip = packet.get(self.header_bytes..).unwrap_or_default();
+        let (ingress, egress) = match ipv4_endpoints(ip) {
             Some((source, destination)) => (self.link_of(source), self.link_of(destination)),
             None => (None, None),
         };
@@ -228,35 +319,44 @@ impl DelayLine {
             }
             delay += link_delay;
         }
-        let Some(slot) = self.free.pop() else {
+        // The smallest slot the packet fits that is free.
+        let Some((slab_index, slot)) = self
+            .slabs
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, slab)| slab.slot_bytes >= packet.len())
+            .find_map(|(index, slab)| slab.free.pop().map(|slot| (index, slot)))
+        else {
             self.stats.dropped_queue_full += 1;
             return Admission::QueueFull;
         };
-        self.slots[slot * self.slot_bytes..][..packet.len()].copy_from_slice(packet);
-        self.lengths[slot] = packet.len();
+        let slab = &mut self.slabs[slab_index];
+        slab.bytes[slot * slab.slot_bytes..][..packet.len()].copy_from_slice(packet);
+        slab.lengths[slot] = packet.len();
         let release_at = now + delay;
         self.arrivals += 1;
-        self.due.push(Reverse((release_at, self.arrivals, slot)));
+        self.due
+            .push(Reverse((release_at, self.arrivals, slab_index, slot)));
         Admission::Held { release_at }
     }
 
     /// When the next held packet is due, if any is held.
     pub fn next_release(&self) -> Option<Instant> {
-        self.due.peek().map(|Reverse((at, _, _))| *at)
+        self.due.peek().map(|Reverse((at, _, _, _))| *at)
     }
 
     /// The next packet due at or before `now`, removed from the line.
     ///
     /// The returned bytes stay valid until the line is used again.
     pub fn release_due(&mut self, now: Instant) -> Option<&[u8]> {
-        let Reverse((at, _, slot)) = *self.due.peek()?;
+        let Reverse((at, _, slab, slot)) = *self.due.peek()?;
         if at > now {
             return None;
         }
         self.due.pop();
-        self.free.push(slot);
+        self.slabs[slab].free.push(slot);
         self.stats.forwarded += 1;
-        Some(&self.slots[slot * self.slot_bytes..][..self.lengths[slot]])
+        Some(self.slabs[slab].packet(slot))
     }
 
     /// How many packets are held.

@@ -4,7 +4,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use crate::delay_line::{Admission, DelayLine, DelayLineError, LinkImpairment};
+use crate::delay_line::{Admission, DelayLine, DelayLineError, LinkImpairment, SlotClass};
 
 fn link(third_octet: u8, delay_ms: u64, loss: f64) -> LinkImpairment {
     LinkImpairment {
@@ -179,6 +179,104 @@ fn link_arguments_round_trip_and_bad_ones_are_refused() {
     ));
     assert!(matches!(
         DelayLine::new(vec![], 0, 1500, 1),
+        Err(DelayLineError::NoCapacity)
+    ));
+}
+
+fn class(count: usize, bytes: usize) -> SlotClass {
+    SlotClass { count, bytes }
+}
+
+/// `packet(A, B, tag)` led by a 10-byte header and padded to `len` bytes in all.
+fn framed(len: usize, tag: u8) -> Vec<u8> {
+    let mut bytes = vec![0xEE; 10];
+    bytes.extend_from_slice(&packet(A, B, tag));
+    bytes.resize(len, 0);
+    bytes
+}
+
+#[test]
+fn a_header_before_the_ip_packet_is_held_with_it_and_skipped_when_classifying() {
+    let mut line = DelayLine::with_slots(
+        vec![link(1, 20, 0.0), link(2, 5, 0.0)],
+        &[class(4, 2048)],
+        10,
+        1,
+    )
+    .expect("valid line");
+    let start = Instant::now();
+    let sent = framed(100, 9);
+    assert_eq!(
+        line.admit(&sent, start),
+        Admission::Held {
+            release_at: start + Duration::from_millis(25)
+        }
+    );
+    let released = line
+        .release_due(start + Duration::from_millis(25))
+        .expect("due");
+    assert_eq!(released, &sent[..]);
+    // The header is not counted as the packet's bytes.
+    assert_eq!(line.stats().received_bytes, 90);
+}
+
+#[test]
+fn packets_take_the_smallest_free_slot_they_fit() {
+    let mut line = DelayLine::with_slots(
+        vec![link(1, 10, 0.0), link(2, 10, 0.0)],
+        &[class(1, 65_545), class(2, 2048)],
+        10,
+        1,
+    )
+    .expect("valid line");
+    let now = Instant::now();
+    // Two small packets fill the small slots; a third small one takes the large slot, so a
+    // super-packet then finds no room.
+    for tag in 0..3 {
+        assert!(matches!(
+            line.admit(&framed(1510, tag), now),
+            Admission::Held { .. }
+        ));
+    }
+    assert_eq!(line.admit(&framed(60_000, 3), now), Admission::QueueFull);
+    let later = now + Duration::from_millis(20);
+    let mut released = Vec::new();
+    while let Some(bytes) = line.release_due(later) {
+        released.push(bytes[10 + 39]);
+    }
+    assert_eq!(released, [0, 1, 2]);
+    // With every slot free again, a super-packet fits the large slot and a packet larger
+    // than any slot is refused.
+    assert!(matches!(
+        line.admit(&framed(65_545, 4), later),
+        Admission::Held { .. }
+    ));
+    assert_eq!(line.admit(&framed(65_546, 5), later), Admission::Oversize);
+    let super_packet = line
+        .release_due(later + Duration::from_millis(20))
+        .expect("due");
+    assert_eq!((super_packet.len(), super_packet[10 + 39]), (65_545, 4));
+}
+
+#[test]
+fn slot_sizes_and_headers_outside_their_ranges_are_refused() {
+    assert!(matches!(
+        DelayLine::with_slots(vec![], &[class(1, 580)], 10, 1),
+        Err(DelayLineError::SlotSize {
+            bytes: 580,
+            header_bytes: 10
+        })
+    ));
+    assert!(matches!(
+        DelayLine::with_slots(vec![], &[class(1, 2048), class(1, 65_546)], 10, 1),
+        Err(DelayLineError::SlotSize { bytes: 65_546, .. })
+    ));
+    assert!(matches!(
+        DelayLine::with_slots(vec![], &[class(1, 2048)], 65, 1),
+        Err(DelayLineError::HeaderSize { bytes: 65 })
+    ));
+    assert!(matches!(
+        DelayLine::with_slots(vec![], &[class(0, 2048), class(0, 4096)], 0, 1),
         Err(DelayLineError::NoCapacity)
     ));
 }

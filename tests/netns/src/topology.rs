@@ -51,6 +51,11 @@ pub struct Topology {
     /// Threads of the delay stage, each serving one queue of its TUN device (1 to 16).
     /// One thread carries about a Gbit/s of full-size packets.
     pub delay_queues: usize,
+    /// Whether the delay stage takes TCP and UDP super-packets from the kernel (TUN segment
+    /// offloads) instead of MTU-sized packets, as long as no link is lossy
+    /// ([`Topology::stage_offloads`]). On by default: it cuts the stage's reads and writes
+    /// by the senders' GSO batch size.
+    pub segment_offloads: bool,
 }
 
 impl Topology {
@@ -61,7 +66,14 @@ impl Topology {
             seed: 0x6d75_726d_7572,
             queue_packets: 4096,
             delay_queues: default_delay_queues(),
+            segment_offloads: true,
         }
+    }
+
+    /// Whether the delay stage runs with segment offloads: when asked for and no link loses
+    /// packets, since a loss would strike a super-packet whole, a burst of up to 45 packets.
+    pub fn stage_offloads(&self) -> bool {
+        self.segment_offloads && self.links.iter().all(|link| link.loss == 0.0)
     }
 
     /// Checks the peer count, the losses and the queue size.
@@ -207,6 +219,10 @@ mod tests {
         let mut lossy = Topology::uniform(2, LinkShape::UNSHAPED);
         lossy.links[1].loss = 1.5;
         assert!(lossy.validate().is_err());
+        lossy.links[1].loss = 0.01;
+        assert!(!lossy.stage_offloads(), "a lossy link turns offloads off");
+        lossy.links[1].loss = 0.0;
+        assert!(lossy.stage_offloads());
         let mut stalled = Topology::uniform(2, LinkShape::UNSHAPED);
         stalled.links[0].rate_bits_per_sec = Some(0);
         assert!(stalled.validate().is_err());

@@ -1,5 +1,6 @@
 //! The harness emulates what it is asked to: round-trip time measured with `ping`, rate with a
-//! bulk TCP transfer, loss with many pings; and it leaves no namespace behind.
+//! bulk TCP transfer (with and without the delay stage's segment offloads), loss with many
+//! pings; and it leaves no namespace behind.
 //!
 //! These tests need root, `ip`/`tc` (iproute2) and `ping` (iputils-ping); without them they
 //! fail with a message saying what is missing. They run one at a time, so a measurement is not
@@ -119,6 +120,56 @@ fn bulk_transfer_reaches_the_configured_rate() {
         stats.dropped_queue_full, 0,
         "the delay queue overflowed: {stats:?}"
     );
+}
+
+/// With segment offloads (the default on lossless links) the kernel hands the delay stage
+/// TCP super-packets, so the mean packet it saw is larger than the links' MTU, which no
+/// packet can be without them; the transfer still runs at the rate. Without them every
+/// packet fits the MTU, at the same rate.
+#[test]
+fn segment_offloads_hand_the_stage_super_packets_at_the_same_rate() {
+    let _serial = serial();
+    for offloads in [true, false] {
+        let mut topology = shaped_pair();
+        topology.segment_offloads = offloads;
+        let mut harness = build(topology);
+        let report = harness
+            .bulk_transfer(0, 1, Duration::from_secs(3))
+            .unwrap_or_else(|error| panic!("bulk transfer failed: {error}"));
+        let ratio = report.steady_bits_per_sec / RATE_BITS_PER_SEC as f64;
+        let stats = harness
+            .stop_delay_stage()
+            .unwrap_or_else(|error| panic!("stopping the delay stage failed: {error}"));
+        let mean_packet = stats.received_bytes as f64 / stats.received.max(1) as f64;
+        eprintln!(
+            "offloads {offloads}: {:.1} Mbit/s steady, mean packet {mean_packet:.0} bytes over {} packets",
+            report.steady_bits_per_sec / 1e6,
+            stats.received
+        );
+        assert!(
+            (0.70..=1.05).contains(&ratio),
+            "offloads {offloads}: steady throughput {:.1} Mbit/s is {:.0}% of the configured rate",
+            report.steady_bits_per_sec / 1e6,
+            ratio * 100.0
+        );
+        if offloads {
+            assert!(
+                mean_packet > 1500.0,
+                "with offloads the stage saw packets of {mean_packet:.0} bytes on average, \
+                 none larger than the MTU: {stats:?}"
+            );
+        } else {
+            assert!(
+                mean_packet <= 1500.0,
+                "without offloads the stage saw packets of {mean_packet:.0} bytes on average: {stats:?}"
+            );
+        }
+        assert_eq!(
+            stats.dropped_queue_full + stats.dropped_oversize,
+            0,
+            "{stats:?}"
+        );
+    }
 }
 
 /// A delay stage of three threads, one per queue of its TUN device, still holds every flow

@@ -36,11 +36,14 @@ use crate::{Harness, LinkShape, Topology, run_bounded};
 mod cpu;
 mod efficiency;
 mod latency;
+mod offloads;
 mod plot;
+mod tcp_probe;
 mod window;
 
 pub use self::efficiency::{EfficiencyReport, butterfly_efficiency};
 pub use self::latency::{LatencyReport, latency};
+pub use self::offloads::stage_offloads;
 pub use self::window::quic_window;
 
 /// Bytes of an f32 element.
@@ -192,13 +195,16 @@ fn run_bench(
     Ok(run)
 }
 
-/// Builds a harness of `peers` peers on `link`, with its hosts file in `out`.
+/// Builds a harness of `peers` peers on `link`, its delay stage with or without segment
+/// offloads, with its hosts file in `out`.
 fn build_harness(
     options: &ScenarioOptions,
     peers: usize,
     link: LinkShape,
+    offloads: bool,
 ) -> anyhow::Result<(Harness, PathBuf)> {
     let mut topology = Topology::uniform(peers, link);
+    topology.segment_offloads = offloads;
     // At full rate a link holds rate × (its delay + the other's) in the delay stage; give
     // every link room for twice that, so the stage never drops for want of slots.
     topology.queue_packets = topology.queue_packets.max(peers * 2048);

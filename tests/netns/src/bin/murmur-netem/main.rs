@@ -2,7 +2,7 @@
 //! TCP sender and receiver that measure a link's rate.
 //!
 //! ```text
-//! murmur-netem delay --tun NAME [--seed N] [--queue-packets N] [--queues N] --link SUBNET,DELAY_MICROS,LOSS ...
+//! murmur-netem delay --tun NAME [--seed N] [--queue-packets N] [--queues N] [--offloads on|off] --link SUBNET,DELAY_MICROS,LOSS ...
 //! murmur-netem bulk-recv --listen ADDR:PORT [--limit-secs N]
 //! murmur-netem bulk-send --to ADDR:PORT --seconds S
 //! ```
@@ -38,11 +38,17 @@ fn main() -> anyhow::Result<()> {
             if !(1..=MAX_QUEUES).contains(&queues) {
                 bail!("--queues {queues}: give 1 to {MAX_QUEUES}");
             }
+            let offloads = match flags.last("--offloads").unwrap_or("off") {
+                "on" => true,
+                "off" => false,
+                other => bail!("--offloads {other}: give on or off"),
+            };
             stage::run(stage::StageSettings {
                 tun: flags.one("--tun")?.to_owned(),
                 seed: flags.parsed_or("--seed", 0)?,
                 queue_packets: flags.parsed_or("--queue-packets", 4096)?,
                 queues,
+                offloads,
                 links,
             })
         }

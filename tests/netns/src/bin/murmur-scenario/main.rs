@@ -20,6 +20,7 @@ const SCENARIOS: &[&str] = &[
     "butterfly-efficiency",
     "latency",
     "quic-window",
+    "stage-offloads",
     "straggler",
     "convergence",
     "partition",
@@ -57,6 +58,9 @@ fn main() -> ExitCode {
         }
         "latency" => allreduce::latency(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "quic-window" => allreduce::quic_window(&options).map(|r| Box::new(r) as Box<dyn Report>),
+        "stage-offloads" => {
+            allreduce::stage_offloads(&options).map(|r| Box::new(r) as Box<dyn Report>)
+        }
         "straggler" => straggler::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "convergence" => convergence::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "partition" => partition::run(&options).map(|r| Box::new(r) as Box<dyn Report>),

@@ -1,7 +1,8 @@
 //! Where the CPU goes while a benchmark runs on the harness, from `/proc`: the delay stage
 //! (every process in the router's namespace), the peers (every process in a peer's
 //! namespace), the kernel's soft interrupts (where most of the veth, tbf and TUN forwarding
-//! runs) and the whole machine, sampled once a second.
+//! runs) and the whole machine, sampled once a second, beside the bytes that went through the
+//! delay stage (its TUN device's counters, read in the router's namespace).
 //!
 //! The emulated links and the peers share this machine's cores, so a benchmark that keeps
 //! them all busy measures the machine, not the links; these figures say when that happened.
@@ -19,8 +20,10 @@ use crate::Harness;
 
 /// How often the monitor samples.
 const PERIOD: Duration = Duration::from_secs(1);
-/// A window in which the delay stage used at least this many cores carried traffic.
-const TRAFFIC_CORES: f64 = 0.05;
+/// A window that carried at least this share of the busiest window's bytes carried traffic.
+const TRAFFIC_SHARE: f64 = 0.25;
+/// The delay stage's TUN device.
+const DELAY_DEVICE: &str = "delay0";
 
 /// CPU use over one window, in cores (1.0 = one core busy the whole window).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -33,6 +36,8 @@ pub(super) struct CpuWindow {
     pub(super) softirq: f64,
     /// Everything but idle and I/O wait, machine-wide.
     pub(super) busy: f64,
+    /// Bits per second into the delay stage, every link together.
+    pub(super) stage_bits_per_sec: f64,
 }
 
 impl CpuWindow {
@@ -42,7 +47,13 @@ impl CpuWindow {
             "peers": self.peers,
             "softirq": self.softirq,
             "machine_busy": self.busy,
+            "stage_bits_per_sec": self.stage_bits_per_sec,
         })
+    }
+
+    /// Cores of the delay stage per Gbit/s it carried.
+    pub(super) fn stage_cores_per_gbit(&self) -> f64 {
+        self.delay_stage / (self.stage_bits_per_sec / 1e9).max(1e-9)
     }
 }
 
@@ -54,13 +65,22 @@ pub(super) struct CpuUse {
 }
 
 impl CpuUse {
-    /// The mean over the windows that carried traffic (the rounds, not start-up).
-    pub(super) fn under_traffic(&self) -> CpuWindow {
-        let busy: Vec<&CpuWindow> = self
+    /// The windows that carried traffic: at least [`TRAFFIC_SHARE`] of the busiest one's
+    /// bytes (the rounds, not start-up or the waits between runs).
+    fn traffic_windows(&self) -> impl Iterator<Item = &CpuWindow> {
+        let busiest = self
             .windows
             .iter()
-            .filter(|w| w.delay_stage >= TRAFFIC_CORES)
-            .collect();
+            .map(|w| w.stage_bits_per_sec)
+            .fold(0.0, f64::max);
+        self.windows
+            .iter()
+            .filter(move |w| busiest > 0.0 && w.stage_bits_per_sec >= TRAFFIC_SHARE * busiest)
+    }
+
+    /// The mean over the windows that carried traffic.
+    pub(super) fn under_traffic(&self) -> CpuWindow {
+        let busy: Vec<&CpuWindow> = self.traffic_windows().collect();
         let n = busy.len().max(1) as f64;
         let sum = |f: fn(&CpuWindow) -> f64| busy.iter().map(|w| f(w)).fold(0.0, |a, b| a + b) / n;
         CpuWindow {
@@ -68,6 +88,7 @@ impl CpuUse {
             peers: sum(|w| w.peers),
             softirq: sum(|w| w.softirq),
             busy: sum(|w| w.busy),
+            stage_bits_per_sec: sum(|w| w.stage_bits_per_sec),
         }
     }
 
@@ -79,7 +100,7 @@ impl CpuUse {
     pub(super) fn to_json(&self) -> Value {
         json!({
             "cores": self.cores,
-            "windows_with_traffic": self.windows.iter().filter(|w| w.delay_stage >= TRAFFIC_CORES).count(),
+            "windows_with_traffic": self.traffic_windows().count(),
             "mean_under_traffic_cores": self.under_traffic().to_json(),
         })
     }
@@ -145,11 +166,14 @@ struct Sample {
     processes: HashMap<u32, (Side, u64)>,
     /// Machine-wide ticks: busy, soft interrupts, total.
     machine: (u64, u64, u64),
+    /// Bytes the kernel has handed the delay stage so far.
+    stage_bytes: u64,
 }
 
 impl Sample {
     fn take(router: u64, peers: &[u64]) -> Self {
         let mut processes = HashMap::new();
+        let mut stage_bytes = None;
         if let Ok(entries) = std::fs::read_dir("/proc") {
             for entry in entries.flatten() {
                 let Some(pid) = entry
@@ -172,12 +196,16 @@ impl Sample {
                 if let Some(ticks) = process_ticks(pid) {
                     processes.insert(pid, (side, ticks));
                 }
+                if side == Side::Stage && stage_bytes.is_none() {
+                    stage_bytes = device_transmit_bytes(pid, DELAY_DEVICE);
+                }
             }
         }
         Self {
             at: Instant::now(),
             processes,
             machine: machine_ticks().unwrap_or_default(),
+            stage_bytes: stage_bytes.unwrap_or(0),
         }
     }
 
@@ -207,8 +235,29 @@ impl Sample {
             peers,
             softirq: share(soft0, soft1),
             busy: share(busy0, busy1),
+            stage_bits_per_sec: next.stage_bytes.saturating_sub(self.stage_bytes) as f64 * 8.0
+                / seconds,
         }
     }
+}
+
+/// Bytes the kernel has sent out of `device` in the network namespace of process `pid`: for
+/// a TUN device, what its reader was handed.
+fn device_transmit_bytes(pid: u32, device: &str) -> Option<u64> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
+    transmit_bytes(&table, device)
+}
+
+/// The transmitted bytes of `device` in a `/proc/net/dev` table.
+fn transmit_bytes(table: &str, device: &str) -> Option<u64> {
+    table.lines().find_map(|line| {
+        let (name, counters) = line.split_once(':')?;
+        if name.trim() != device {
+            return None;
+        }
+        // Eight receive counters, then the transmit ones, bytes first.
+        counters.split_whitespace().nth(8)?.parse().ok()
+    })
 }
 
 /// The inode of a process's network namespace.
@@ -264,19 +313,39 @@ mod tests {
     }
 
     #[test]
-    fn traffic_windows_are_those_the_delay_stage_worked_in() {
-        let window = |delay_stage, peers| CpuWindow {
+    fn traffic_windows_are_those_that_carried_a_quarter_of_the_busiest_ones_bytes() {
+        let window = |delay_stage, peers, mbit: f64| CpuWindow {
             delay_stage,
             peers,
             softirq: 0.0,
             busy: 1.0,
+            stage_bits_per_sec: mbit * 1e6,
         };
         let cpu = CpuUse {
-            windows: vec![window(0.0, 1.9), window(0.4, 1.0), window(0.6, 0.8)],
+            windows: vec![
+                window(0.0, 1.9, 0.1),
+                window(0.4, 1.0, 800.0),
+                window(0.6, 0.8, 1000.0),
+                window(0.1, 0.8, 200.0),
+            ],
             cores: 2,
         };
         let mean = cpu.under_traffic();
         assert!((mean.delay_stage - 0.5).abs() < 1e-12);
         assert!((mean.peers - 0.9).abs() < 1e-12);
+        assert!((mean.stage_cores_per_gbit() - 0.5 / 0.9).abs() < 1e-9);
+        assert_eq!(CpuUse::default().under_traffic(), CpuWindow::default());
+    }
+
+    #[test]
+    fn a_devices_transmitted_bytes_are_read_from_its_line() {
+        let table = "Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:     100       2    0    0    0     0          0         0      100       2    0    0    0     0       0          0
+delay0: 5000000    4000    0    0    0     0          0         0  6000000    4100    0    0    0     0       0          0
+";
+        assert_eq!(transmit_bytes(table, "delay0"), Some(6_000_000));
+        assert_eq!(transmit_bytes(table, "lo"), Some(100));
+        assert_eq!(transmit_bytes(table, "link0"), None);
     }
 }

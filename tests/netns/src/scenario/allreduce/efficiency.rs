@@ -1,26 +1,20 @@
 //! `butterfly-efficiency`: the butterfly's bus bandwidth as a fraction of the link rate, and,
 //! in the long version, what plain TCP gets through the same harness on the same machine.
 
-use std::io::Read as _;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use serde_json::{Value, json};
 
-use super::cpu::{CpuMonitor, CpuUse};
 use super::plot::{self, EfficiencyPoint};
+use super::tcp_probe::{TcpProbe, tcp_probe};
 use super::{BenchRun, BenchSpec, F32_BYTES, build_harness, link_for_round_trip, run_bench};
+use crate::Harness;
 use crate::scenario::{Report, ScenarioOptions};
-use crate::{Harness, KillOnDrop, run_checked};
 
 /// The round trip between any two peers.
 const RTT: Duration = Duration::from_millis(20);
-/// How long each TCP flow of the harness probe sends.
-const TCP_PROBE: Duration = Duration::from_secs(6);
-/// The TCP port of the probe's receivers, one per namespace.
-const TCP_PORT: u16 = 5202;
 /// The butterfly's sender and reducer timeouts. A round gives up after the reducer timeout
 /// plus twice the sender's, and a 64 MiB round on 50 Mbit/s links needs at least 19 s: the
 /// defaults (10 s and 15 s, a 35 s round) would cut slow rounds short, and this scenario
@@ -32,6 +26,8 @@ const TIMEOUTS: (Duration, Duration) = (Duration::from_secs(60), Duration::from_
 pub(super) struct EfficiencyCase {
     pub(super) run: BenchRun,
     pub(super) rate_bits_per_sec: u64,
+    /// Whether the delay stage ran with segment offloads.
+    pub(super) offloads: bool,
     /// The least busbw/B that passes; `None` for a case measured only to explain others.
     pub(super) required: Option<f64>,
 }
@@ -64,31 +60,13 @@ impl EfficiencyCase {
         } else {
             ""
         };
+        let offloads = if self.offloads { "" } else { " no offloads" };
         format!(
-            "N={} {} {} Mbit/s{window}{start}",
+            "N={} {} {} Mbit/s{window}{start}{offloads}",
             self.run.spec.peers,
             self.run.spec.codec,
             self.rate_bits_per_sec / 1_000_000
         )
-    }
-}
-
-/// Plain TCP through the harness: every peer sends one flow to the next at once, so every
-/// link carries one flow each way, as in a round.
-#[derive(Debug)]
-struct TcpProbe {
-    peers: usize,
-    rate_bits_per_sec: u64,
-    /// Each flow's steady rate, bits per second.
-    flows_bits_per_sec: Vec<f64>,
-    cpu: CpuUse,
-}
-
-impl TcpProbe {
-    /// The mean flow's rate over the link rate.
-    fn fraction(&self) -> f64 {
-        let n = self.flows_bits_per_sec.len().max(1) as f64;
-        self.flows_bits_per_sec.iter().sum::<f64>() / n / self.rate_bits_per_sec as f64
     }
 }
 
@@ -115,6 +93,8 @@ pub(super) struct CasePlan {
     quic_window: Option<u32>,
     /// Peers begin each round as soon as their last one ended.
     free_start: bool,
+    /// The delay stage runs with segment offloads.
+    offloads: bool,
     /// The least busbw/B that passes, if any.
     required: Option<f64>,
 }
@@ -129,6 +109,7 @@ impl CasePlan {
             rounds: 6,
             quic_window: None,
             free_start: false,
+            offloads: true,
             required,
         }
     }
@@ -151,6 +132,13 @@ impl CasePlan {
     pub(super) fn free_start(self) -> Self {
         CasePlan {
             free_start: true,
+            ..self
+        }
+    }
+
+    pub(super) fn without_offloads(self) -> Self {
+        CasePlan {
+            offloads: false,
             ..self
         }
     }
@@ -186,9 +174,9 @@ pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<Efficie
     run_cases(options, "butterfly-efficiency", &cases, options.long)
 }
 
-/// Runs `cases` in order, each on a harness of its swarm size and link rate (built anew
-/// when these change), with plain TCP through each harness first when `tcp` is set, and
-/// writes `<name>.md` and `<name>.png`.
+/// Runs `cases` in order, each on a harness of its swarm size, link rate and stage offloads
+/// (built anew when these change), with plain TCP through each harness first when `tcp` is
+/// set, and writes `<name>.md` and `<name>.png`.
 pub(super) fn run_cases(
     options: &ScenarioOptions,
     name: &'static str,
@@ -202,16 +190,15 @@ pub(super) fn run_cases(
         tcp: Vec::new(),
         plot: None,
     };
-    let mut built: Option<(usize, u64, Harness, PathBuf)> = None;
+    let mut built: Option<((usize, u64, bool), Harness, PathBuf)> = None;
     for &plan in cases {
         let (peers, rate) = (plan.peers, plan.rate);
-        if built
-            .as_ref()
-            .is_none_or(|(n, r, _, _)| (*n, *r) != (peers, rate))
-        {
+        let shape = (peers, rate, plan.offloads);
+        if built.as_ref().is_none_or(|(built, _, _)| *built != shape) {
             // One harness at a time: drop the last before building the next.
             drop(built.take());
-            let (harness, hosts) = build_harness(options, peers, link_for_round_trip(rate, RTT))?;
+            let link = link_for_round_trip(rate, RTT);
+            let (harness, hosts) = build_harness(options, peers, link, plan.offloads)?;
             if tcp {
                 let probe = tcp_probe(&harness, rate)?;
                 eprintln!(
@@ -221,9 +208,9 @@ pub(super) fn run_cases(
                 );
                 report.tcp.push(probe);
             }
-            built = Some((peers, rate, harness, hosts));
+            built = Some((shape, harness, hosts));
         }
-        let Some((_, _, harness, hosts)) = &built else {
+        let Some((_, harness, hosts)) = &built else {
             bail!("no harness for {peers} peers");
         };
         let spec = BenchSpec {
@@ -240,6 +227,7 @@ pub(super) fn run_cases(
         let case = EfficiencyCase {
             run: run_bench(options, harness, hosts, &spec)?,
             rate_bits_per_sec: rate,
+            offloads: plan.offloads,
             required: plan.required,
         };
         eprintln!(
@@ -271,73 +259,11 @@ pub(super) fn run_cases(
     Ok(report)
 }
 
-/// Runs one TCP flow from every peer to the next at once and measures each.
-fn tcp_probe(harness: &Harness, rate: u64) -> anyhow::Result<TcpProbe> {
-    let peers = harness.peer_count();
-    let limit = TCP_PROBE + Duration::from_secs(20);
-    let mut receivers = Vec::new();
-    for peer in 0..peers {
-        let mut command = harness.command(peer, harness.netem_program());
-        command
-            .args(["bulk-recv", "--listen", &format!("0.0.0.0:{TCP_PORT}")])
-            .args(["--limit-secs", &limit.as_secs().to_string()])
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped());
-        receivers.push(KillOnDrop(
-            command.spawn().context("cannot start a TCP receiver")?,
-        ));
-    }
-    let monitor = CpuMonitor::start(harness);
-    let senders: Vec<std::thread::JoinHandle<anyhow::Result<()>>> = (0..peers)
-        .map(|peer| {
-            let mut command = harness.command(peer, harness.netem_program());
-            let to = harness.peer_address((peer + 1) % peers);
-            command
-                .args(["bulk-send", "--to", &format!("{to}:{TCP_PORT}")])
-                .args(["--seconds", &format!("{:.3}", TCP_PROBE.as_secs_f64())]);
-            std::thread::spawn(move || {
-                run_checked(command, limit)?;
-                Ok(())
-            })
-        })
-        .collect();
-    for sender in senders {
-        sender
-            .join()
-            .map_err(|_| anyhow::anyhow!("a TCP sender's thread panicked"))??;
-    }
-    let cpu = monitor.stop();
-    let mut flows_bits_per_sec = Vec::new();
-    for mut receiver in receivers {
-        let status = receiver.wait_or_kill(Duration::from_secs(10))?;
-        let mut line = String::new();
-        if let Some(mut stdout) = receiver.0.stdout.take() {
-            stdout.read_to_string(&mut line)?;
-        }
-        if !status.success() {
-            bail!("a TCP receiver failed with {status}: {line}");
-        }
-        let value: Value = serde_json::from_str(line.trim())
-            .with_context(|| format!("the TCP receiver's report {line:?}"))?;
-        flows_bits_per_sec.push(
-            value["steady_bits_per_sec"]
-                .as_f64()
-                .context("no steady_bits_per_sec in the TCP receiver's report")?,
-        );
-    }
-    Ok(TcpProbe {
-        peers,
-        rate_bits_per_sec: rate,
-        flows_bits_per_sec,
-        cpu,
-    })
-}
-
 impl EfficiencyReport {
     /// The results as Markdown tables.
     pub fn table(&self) -> String {
         let mut t = String::from(
-            "| N | codec | S (MiB) | QUIC window (B) | start | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | round times (s) | periods (s) | median period after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| N | codec | S (MiB) | QUIC window (B) | start | stage offloads | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | round times (s) | periods (s) | median period after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for c in &self.cases {
             let list = |values: &[f64]| {
@@ -349,7 +275,7 @@ impl EfficiencyReport {
             };
             let cpu = c.run.cpu.under_traffic();
             t.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} |\n",
+                "| {} | {} | {:.0} | {} | {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} |\n",
                 c.run.spec.peers,
                 c.run.spec.codec,
                 c.vector_bytes() / f64::from(1u32 << 20),
@@ -362,6 +288,7 @@ impl EfficiencyReport {
                 } else {
                     "agreed"
                 },
+                if c.offloads { "on" } else { "off" },
                 c.rate_bits_per_sec / 1_000_000,
                 c.bound_s(),
                 list(&c.run.round_times_s),
@@ -378,28 +305,11 @@ impl EfficiencyReport {
             ));
         }
         if !self.tcp.is_empty() {
-            t.push_str(
-                "\n| TCP probe: N flows at once | B (Mbit/s) | each flow (Mbit/s) | mean / B | CPU (cores): delay stage / softirq / machine |\n|---|---|---|---|---|\n",
-            );
+            t.push('\n');
+            t.push_str(TcpProbe::TABLE_HEAD);
         }
-        for p in &self.tcp {
-            let flows: Vec<String> = p
-                .flows_bits_per_sec
-                .iter()
-                .map(|f| format!("{:.0}", f / 1e6))
-                .collect();
-            let cpu = p.cpu.under_traffic();
-            t.push_str(&format!(
-                "| {} | {} | {} | {:.3} | {:.2} / {:.2} / {:.2} of {} |\n",
-                p.peers,
-                p.rate_bits_per_sec / 1_000_000,
-                flows.join(", "),
-                p.fraction(),
-                cpu.delay_stage,
-                cpu.softirq,
-                cpu.busy,
-                p.cpu.cores(),
-            ));
+        for probe in &self.tcp {
+            t.push_str(&probe.table_row());
         }
         t
     }
@@ -420,6 +330,7 @@ impl Report for EfficiencyReport {
                     "quic_receive_window": c.run.spec.quic_window,
                     "rtt_s": RTT.as_secs_f64(),
                     "free_start": c.run.spec.free_start,
+                    "stage_offloads": c.offloads,
                     "round_times_s": c.run.round_times_s,
                     "round_periods_s": c.run.round_periods_s,
                     "median_round_after_first_s": c.run.warm_median_s(),
@@ -434,19 +345,7 @@ impl Report for EfficiencyReport {
                 })
             })
             .collect();
-        let tcp: Vec<Value> = self
-            .tcp
-            .iter()
-            .map(|p| {
-                json!({
-                    "peers": p.peers,
-                    "rate_bits_per_sec": p.rate_bits_per_sec,
-                    "flows_bits_per_sec": p.flows_bits_per_sec,
-                    "mean_over_rate": p.fraction(),
-                    "cpu": p.cpu.to_json(),
-                })
-            })
-            .collect();
+        let tcp: Vec<Value> = self.tcp.iter().map(TcpProbe::to_json).collect();
         json!({
             "scenario": self.name,
             "long": self.long,
@@ -484,6 +383,7 @@ impl Report for EfficiencyReport {
 
 #[cfg(test)]
 mod tests {
+    use super::super::cpu::CpuUse;
     use super::*;
 
     #[test]
@@ -510,6 +410,7 @@ mod tests {
                 cpu: CpuUse::default(),
             },
             rate_bits_per_sec: 200_000_000,
+            offloads: true,
             required: Some(3.2),
         };
         // 1.5 × 64 MiB × 8 bit / 200 Mbit/s, over the median period after the first round.

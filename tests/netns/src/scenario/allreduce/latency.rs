@@ -33,7 +33,7 @@ pub fn latency(options: &ScenarioOptions) -> anyhow::Result<LatencyReport> {
     let elements = 1024;
     let rounds = if options.long { 20 } else { 5 };
     let limit = Duration::from_secs(if options.long { 300 } else { 120 });
-    let (harness, hosts) = build_harness(options, peers, link_for_round_trip(rate, rtt))?;
+    let (harness, hosts) = build_harness(options, peers, link_for_round_trip(rate, rtt), true)?;
     let spec = |algo| BenchSpec {
         algo,
         peers,
