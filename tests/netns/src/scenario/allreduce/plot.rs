@@ -74,13 +74,22 @@ pub(super) fn efficiency(
             .label("period = bound (busbw = B)")
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], line));
     }
+    let mut labels: Vec<&str> = Vec::new();
     for (i, point) in points.iter().enumerate() {
-        // A case run more than once keeps its first run's colour and legend entry.
+        // A case run more than once keeps its first run's colour and legend entry; colours
+        // go by case, so repeated runs do not use up the palette.
         let first = points
             .iter()
             .position(|p| p.label == point.label)
             .unwrap_or(i);
-        let color = Palette99::pick(first).to_rgba();
+        if first == i {
+            labels.push(&point.label);
+        }
+        let case = labels
+            .iter()
+            .position(|label| *label == point.label)
+            .unwrap_or(0);
+        let color = Palette99::pick(case).to_rgba();
         let dots = point
             .periods_s
             .iter()
