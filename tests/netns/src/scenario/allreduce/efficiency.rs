@@ -150,9 +150,9 @@ impl CasePlan {
 ///
 /// Long: N = 4 and 8, a 64 MiB vector, f32 and int8, 200 Mbit/s links, 20 ms round trips;
 /// bars 0.85 (N = 4) and 0.80 (N = 8) for f32, 3.2 for int8 (f32-equivalent), each held
-/// by the median of [`LONG_RUNS`] runs, the runs of a swarm size interleaved. N = 4 runs
+/// by the median of three runs, the runs of a swarm size interleaved. N = 4 runs
 /// with QUIC's default receive windows. N = 8 runs with windows of one bandwidth-delay
-/// product of the link ([`link_bdp_bytes`], what docs/config.md tells operators to set on
+/// product of the link (rate × round trip, what docs/config.md tells operators to set on
 /// links of known rate), which carry the bars, and once more with the default windows for
 /// comparison: with seven streams per uplink and 10 MB of credit each, flows fill the
 /// links' queues and share them unevenly, and a phase ends with its slowest flow. Then
