@@ -439,6 +439,47 @@ mod tests {
     use super::super::cpu::CpuUse;
     use super::*;
 
+    /// 2(N−1)/N·S/B in seconds for N = 4, 64 MiB of f32 and 200 Mbit/s.
+    const BOUND_S: f64 = 1.5 * 67_108_864.0 * 8.0 / 200e6;
+
+    /// A case of 4 peers, 16 Mi elements, 200 Mbit/s, whose rounds had `periods`.
+    fn case(codec: &'static str, periods: Vec<f64>, required: Option<f64>) -> EfficiencyCase {
+        EfficiencyCase {
+            run: BenchRun {
+                spec: BenchSpec {
+                    algo: "butterfly",
+                    peers: 4,
+                    elements: 16 << 20,
+                    codec,
+                    rounds: periods.len() as u32,
+                    timeouts: None,
+                    quic_window: None,
+                    free_start: false,
+                    limit: Duration::from_secs(1),
+                },
+                round_times_s: vec![1.0; periods.len()],
+                round_periods_s: periods,
+                max_rel_error: 0.0,
+                min_coverage: 1.0,
+                bytes_sent_per_peer: 0.0,
+                cpu: CpuUse::default(),
+            },
+            rate_bits_per_sec: 200_000_000,
+            offloads: true,
+            required,
+        }
+    }
+
+    fn report(cases: Vec<EfficiencyCase>) -> EfficiencyReport {
+        EfficiencyReport {
+            name: "butterfly-efficiency",
+            long: true,
+            cases,
+            tcp: Vec::new(),
+            plot: None,
+        }
+    }
+
     #[test]
     fn a_links_bdp_is_its_rate_times_the_round_trip() {
         assert_eq!(
@@ -449,83 +490,26 @@ mod tests {
 
     #[test]
     fn busbw_counts_f32_bytes_over_the_median_warm_period() {
-        let spec = BenchSpec {
-            algo: "butterfly",
-            peers: 4,
-            elements: 16 << 20,
-            codec: "int8:64",
-            rounds: 4,
-            timeouts: None,
-            quic_window: None,
-            free_start: false,
-            limit: Duration::from_secs(1),
-        };
-        let case = EfficiencyCase {
-            run: BenchRun {
-                spec,
-                round_times_s: vec![1.0, 1.0, 1.0, 1.0],
-                round_periods_s: vec![9.0, 4.0, 5.0, 3.0],
-                max_rel_error: 0.0,
-                min_coverage: 1.0,
-                bytes_sent_per_peer: 0.0,
-                cpu: CpuUse::default(),
-            },
-            rate_bits_per_sec: 200_000_000,
-            offloads: true,
-            required: Some(3.2),
-        };
-        // 1.5 × 64 MiB × 8 bit / 200 Mbit/s, over the median period after the first round.
-        let bound = 1.5 * 67_108_864.0 * 8.0 / 200e6;
-        assert!((case.bound_s() - bound).abs() < 1e-9);
-        assert!((case.busbw_over_rate() - bound / 4.0).abs() < 1e-9);
-        let report = EfficiencyReport {
-            name: "butterfly-efficiency",
-            long: true,
-            cases: vec![case],
-            tcp: Vec::new(),
-            plot: None,
-        };
-        let missed = report.check().unwrap_err();
+        let case = case("int8:64", vec![9.0, 4.0, 5.0, 3.0], Some(3.2));
+        // The median period after the first round is 4 s.
+        assert!((case.bound_s() - BOUND_S).abs() < 1e-9);
+        assert!((case.busbw_over_rate() - BOUND_S / 4.0).abs() < 1e-9);
+        let missed = report(vec![case]).check().unwrap_err();
         assert!(missed.contains("busbw/B 1.007 < 3.2"), "{missed}");
     }
 
     #[test]
     fn runs_of_one_case_are_held_to_their_bar_by_their_median() {
-        let case = |period: f64| EfficiencyCase {
-            run: BenchRun {
-                spec: BenchSpec {
-                    algo: "butterfly",
-                    peers: 4,
-                    elements: 16 << 20,
-                    codec: "f32",
-                    rounds: 2,
-                    timeouts: None,
-                    quic_window: None,
-                    free_start: false,
-                    limit: Duration::from_secs(1),
-                },
-                round_times_s: vec![period; 2],
-                round_periods_s: vec![period; 2],
-                max_rel_error: 0.0,
-                min_coverage: 1.0,
-                bytes_sent_per_peer: 0.0,
-                cpu: CpuUse::default(),
-            },
-            rate_bits_per_sec: 200_000_000,
-            offloads: true,
-            required: Some(0.85),
+        let runs = |fractions: &[f64]| {
+            let cases = fractions
+                .iter()
+                .map(|f| case("f32", vec![BOUND_S / f; 2], Some(0.85)))
+                .collect();
+            report(cases)
         };
-        let bound = 1.5 * 67_108_864.0 * 8.0 / 200e6;
-        // busbw/B 0.80, 0.90, 0.95: the median, 0.90, holds the bar though one run misses.
-        let report = |periods: &[f64]| EfficiencyReport {
-            name: "butterfly-efficiency",
-            long: true,
-            cases: periods.iter().map(|p| case(bound / p)).collect(),
-            tcp: Vec::new(),
-            plot: None,
-        };
-        assert_eq!(report(&[0.80, 0.90, 0.95]).check(), Ok(()));
-        let missed = report(&[0.80, 0.84, 0.95]).check().unwrap_err();
+        // The median, 0.90, holds the bar though one run misses it.
+        assert_eq!(runs(&[0.80, 0.90, 0.95]).check(), Ok(()));
+        let missed = runs(&[0.80, 0.84, 0.95]).check().unwrap_err();
         assert!(
             missed.contains("busbw/B 0.840 < 0.85 (median of 0.800, 0.840, 0.950"),
             "{missed}"
