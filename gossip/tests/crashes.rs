@@ -26,6 +26,7 @@ fn survivors_agree_within_4_log2_n_rounds_of_the_last_crash() {
             joins: 0,
             leaves: 0,
             crashes: (peers / 10).max(1),
+            restarts: 0,
         });
         let mut swarm = SgpSwarm::new(&scenario, &SgpConfig::default()).expect("valid scenario");
         let last_crash_ms = swarm

@@ -112,6 +112,7 @@ fn total_weight_is_conserved_through_graceful_churn() {
         joins: 12,
         leaves: 12,
         crashes: 0,
+        restarts: 0,
     });
     scenario.algorithm = AlgorithmSpec::Sgp(SgpConfig::default());
     let report = murmur_gossip::sim::run(&scenario).expect("valid scenario");

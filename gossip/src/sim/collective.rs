@@ -179,6 +179,7 @@ pub(crate) fn run(scenario: &Scenario, collective: Collective) -> Result<SimRepo
             messages: messages_per_round * scenario.rounds,
             events: scenario.rounds,
             averaging: None,
+            share_refusals: None,
         },
         rounds: records,
     })

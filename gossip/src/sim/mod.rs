@@ -2,7 +2,8 @@
 //!
 //! The simulator drives the very state machines the daemon runs in virtual time, so that an
 //! algorithm can be tested on thousands of peers, on slow and lossy links, through joins,
-//! leaves and crashes, in one process and in seconds. It runs three training modes:
+//! leaves, crashes and restarts, in one process and in seconds. It runs three training
+//! modes:
 //!
 //! - **SGP** ([`SgpSwarm`]): every peer steps and pushes shares with
 //!   [`crate::sgp::SgpPeer`], never waiting for anyone.
@@ -22,9 +23,17 @@
 //! - **Links**: every peer has an uplink and a downlink of fixed bandwidth, each a FIFO
 //!   pipe, plus a one-way latency; a message queues at the receiver's downlink when its
 //!   first byte gets there. Loss costs retransmission time, as on QUIC.
-//! - **Churn**: joins, graceful leaves and crashes at given or random times. The swarm
-//!   hears of each after `link.detect_ms`; until then peers may send to a peer that is
+//! - **Churn**: joins, graceful leaves, crashes and restarts at given or random times
+//!   ([`ChurnEvent`]: `join`, `leave`, `crash`, `restart`). The swarm hears of a join,
+//!   leave or crash after `link.detect_ms`; until then peers may send to a peer that is
 //!   gone. Joiners of the synchronous modes download the parameters first.
+//! - **Restarts**: a restarted peer loses all it held, as in a crash, and is back at once
+//!   under the same index with no mass, like a joiner; nobody is told, and messages in
+//!   flight to it reach the new process. In SGP its neighbours go on sending it quantized
+//!   shares built on edge references it lost: it refuses each with a refusal notice that
+//!   crosses the links back to the sender, who takes the share back and shares exactly
+//!   from then on ([`ShareRefusals`] counts them). The synchronous modes have no identity
+//!   to come back under: there a restart is a crash followed at once by a join.
 //! - **Byzantine peers** send every SGP share, or contribute every butterfly or ring
 //!   average, sign-flipped and scaled.
 //! - **Synchronous baselines as cost models** (ring, tree, recursive halving/doubling,
@@ -55,7 +64,7 @@ mod training_run;
 pub use butterfly_swarm::ButterflySwarm;
 pub use collective::Collective;
 pub use error::SimError;
-pub use report::{AveragingSummary, RoundRecord, SimReport, SimSummary};
+pub use report::{AveragingSummary, RoundRecord, ShareRefusals, SimReport, SimSummary};
 pub use ring_swarm::RingSwarm;
 pub use scenario::{
     AlgorithmSpec, ByzantineSpec, ChurnEvent, ComputeSpec, InitSpec, LinkSpec, RandomChurn,

@@ -101,10 +101,11 @@ pub struct SimSummary {
     pub initial_total_weight: f64,
     /// Total weight at the end.
     pub final_total_weight: f64,
-    /// Weight lost with crashed peers.
+    /// Weight lost with crashed peers, restarted ones included (a restart loses what the
+    /// peer held, and what comes back to the process it replaced).
     pub crashed_weight: f64,
-    /// Weight of shares dropped as malformed, or returned to a sender that could not take
-    /// them back.
+    /// Weight of shares dropped as malformed, or returned or refused to a sender that could
+    /// not take them back.
     pub dropped_weight: f64,
     /// Bytes put on the wire.
     pub bytes_sent: u64,
@@ -116,6 +117,27 @@ pub struct SimSummary {
     /// sync-ring); absent for SGP and the cost models.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub averaging: Option<AveragingSummary>,
+    /// What became of the SGP shares refused for a stale reference; absent for the other
+    /// modes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub share_refusals: Option<ShareRefusals>,
+}
+
+/// What became of the quantized SGP shares their receivers refused because they did not
+/// hold the edge reference the share was built on (the receiver restarted, or dropped the
+/// edge): swarm-wide counts, like the daemon's `murmur_averaging_share_refusals_total`.
+///
+/// Each refusal travels back to the share's sender as a notice; `refused` counts those
+/// sent, so `refused − taken_back − lost` are still on their way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ShareRefusals {
+    /// Shares refused by their receiver, each answered with a notice to its sender.
+    pub refused: u64,
+    /// Refused shares whose sender took the mass back.
+    pub taken_back: u64,
+    /// Refused shares whose mass is lost: a later share on the edge had replaced the
+    /// reference it needs, or the sender had crashed, departed or restarted meanwhile.
+    pub lost: u64,
 }
 
 /// How the averaging rounds of a synchronous training mode went, counted per member: a
@@ -208,7 +230,7 @@ impl fmt::Display for SimSummary {
                 ),
             ),
             (
-                "weight lost in crashes",
+                "weight lost (crash/restart)",
                 format!("{:.6}", self.crashed_weight),
             ),
             ("weight dropped", format!("{:.6}", self.dropped_weight)),
@@ -218,6 +240,13 @@ impl fmt::Display for SimSummary {
         ];
         for (label, value) in rows {
             writeln!(f, "{label:<28} {value}")?;
+        }
+        if let Some(refusals) = &self.share_refusals {
+            let value = format!(
+                "{} ({} taken back, {} lost)",
+                refusals.refused, refusals.taken_back, refusals.lost
+            );
+            writeln!(f, "{:<28} {value}", "shares refused")?;
         }
         if let Some(averaging) = &self.averaging {
             let rows: [(&str, String); 5] = [

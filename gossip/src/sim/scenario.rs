@@ -46,10 +46,10 @@ pub struct Scenario {
     /// What a local step does to the parameters.
     #[serde(default)]
     pub workload: Workload,
-    /// Joins, leaves and crashes at given times.
+    /// Joins, leaves, crashes and restarts at given times.
     #[serde(default)]
     pub churn: Vec<ChurnEvent>,
-    /// Joins, leaves and crashes drawn at random from the seed.
+    /// Joins, leaves, crashes and restarts drawn at random from the seed.
     #[serde(default)]
     pub random_churn: Option<RandomChurn>,
     /// Peers that send corrupted shares.
@@ -130,7 +130,8 @@ pub struct LinkSpec {
     /// Probability that a transmission is lost. The transport is reliable, like QUIC: a
     /// lost transmission is resent after a retransmission timeout, so loss costs time.
     pub loss: f64,
-    /// How long the swarm takes to notice a join, leave or crash, in milliseconds.
+    /// How long the swarm takes to notice a join, leave or crash, in milliseconds. A
+    /// restart goes unnoticed.
     pub detect_ms: f64,
     /// Bytes each message carries besides its payload (framing, headers).
     pub overhead_bytes: u64,
@@ -184,7 +185,8 @@ pub enum Workload {
     },
 }
 
-/// A membership change at a given time.
+/// A membership change at a given time. In a scenario file, `action` names it: `join`,
+/// `leave`, `crash` or `restart`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum ChurnEvent {
@@ -207,6 +209,22 @@ pub enum ChurnEvent {
         /// The peer's index.
         peer: u32,
     },
+    /// A peer restarts under the same identity before anyone notices: it loses all it held
+    /// (its mass is lost, as in a crash) and is back at once under the same index, with no
+    /// mass, like a joiner, and no edge references. The swarm hears of no change, and
+    /// messages in flight to it reach the restarted peer.
+    ///
+    /// In SGP its neighbours go on sending it quantized shares built on references it no
+    /// longer holds; it refuses them and tells each sender, who takes the share back. A
+    /// peer that is leaving or gone does not restart. The synchronous modes (butterfly,
+    /// sync-ring) know a peer by its place in the membership, not by a key it keeps: there
+    /// a restart is a crash followed at once by a join, under the next unused index.
+    Restart {
+        /// When, in milliseconds.
+        at_ms: f64,
+        /// The peer's index.
+        peer: u32,
+    },
 }
 
 impl ChurnEvent {
@@ -215,14 +233,16 @@ impl ChurnEvent {
         match *self {
             ChurnEvent::Join { at_ms }
             | ChurnEvent::Leave { at_ms, .. }
-            | ChurnEvent::Crash { at_ms, .. } => at_ms,
+            | ChurnEvent::Crash { at_ms, .. }
+            | ChurnEvent::Restart { at_ms, .. } => at_ms,
         }
     }
 }
 
-/// Churn drawn from the seed: the given numbers of joins, graceful leaves and crashes, at
-/// uniform times in `[from_ms, to_ms)`, each leave or crash hitting a distinct founding
-/// peer chosen uniformly.
+/// Churn drawn from the seed: the given numbers of joins, graceful leaves, crashes and
+/// restarts, at uniform times in `[from_ms, to_ms)`. Each leave or crash hits a distinct
+/// founding peer chosen uniformly; each restart a founding peer chosen uniformly among those
+/// that neither leave nor crash, so one peer may restart more than once.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RandomChurn {
@@ -239,6 +259,9 @@ pub struct RandomChurn {
     /// Number of crashes.
     #[serde(default)]
     pub crashes: usize,
+    /// Number of restarts under the same identity (see [`ChurnEvent::Restart`]).
+    #[serde(default)]
+    pub restarts: usize,
 }
 
 /// A peer that corrupts every share it sends.

@@ -35,6 +35,16 @@ pub(crate) fn expand_churn(scenario: &Scenario, rng: &mut Xoshiro256PlusPlus) ->
             let at_ms = when(rng);
             churn.push(ChurnEvent::Join { at_ms });
         }
+        // Restarts come last, so that adding them leaves the other draws of a seed as they
+        // were. `validate` keeps at least one founder that neither leaves nor crashes.
+        let stayers = &founders[victims..];
+        if !stayers.is_empty() {
+            for _ in 0..random.restarts {
+                let at_ms = when(rng);
+                let peer = stayers[rng.random_range(0..stayers.len())];
+                churn.push(ChurnEvent::Restart { at_ms, peer });
+            }
+        }
     }
     churn.sort_by(|a, b| a.at_ms().total_cmp(&b.at_ms()));
     churn

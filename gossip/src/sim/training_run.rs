@@ -329,6 +329,7 @@ impl<E> TrainingRun<E> {
                 messages: self.network.messages_sent(),
                 events: self.queue.pushed(),
                 averaging: Some(self.tally.summary()),
+                share_refusals: None,
             },
             rounds: self.records.clone(),
         }

@@ -78,5 +78,6 @@ pub fn early_churn() -> RandomChurn {
         joins: 2,
         leaves: 1,
         crashes: 1,
+        restarts: 0,
     }
 }

@@ -1,4 +1,4 @@
-//! Joins, leaves and crashes in a simulated butterfly swarm.
+//! Joins, leaves, crashes and restarts in a simulated butterfly swarm.
 
 use crate::sim::error::SimError;
 use crate::sim::learner;
@@ -51,6 +51,15 @@ impl ButterflySwarm {
                         change,
                     };
                     self.run.queue.push(at, Lane::Normal, event);
+                }
+            }
+            ChurnEvent::Restart { at_ms, peer: id } => {
+                // Peers here are known by their place in the membership, not by a key they
+                // keep: a restarted process starts over as a joiner, downloading the
+                // parameters, while the swarm notices the crash as it would any other.
+                if crashable(&mut self.peers, id).is_some() {
+                    self.on_churn(ChurnEvent::Crash { at_ms, peer: id })?;
+                    self.on_churn(ChurnEvent::Join { at_ms })?;
                 }
             }
         }

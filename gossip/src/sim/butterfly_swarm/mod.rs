@@ -152,7 +152,8 @@ struct Peer {
 ///   trains from the next batch on. A crash kills a peer's rounds mid-flight: the other
 ///   members stop waiting for it at their sender and reducer timeouts, or when the swarm
 ///   notices (`detect_ms`) and the transport reports the member lost. A peer that leaves
-///   finishes the round it is in, then goes.
+///   finishes the round it is in, then goes. A restart is a crash followed at once by a
+///   join.
 #[derive(Debug)]
 pub struct ButterflySwarm {
     run: TrainingRun<Event>,

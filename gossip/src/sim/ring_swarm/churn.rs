@@ -1,4 +1,4 @@
-//! Joins, leaves and crashes in a simulated ring swarm.
+//! Joins, leaves, crashes and restarts in a simulated ring swarm.
 
 use crate::sim::error::SimError;
 use crate::sim::learner;
@@ -38,6 +38,15 @@ impl RingSwarm {
                 self.run
                     .queue
                     .push(at, Lane::Normal, Event::CrashNoticed { subject: id });
+            }
+            ChurnEvent::Restart { at_ms, peer: id } => {
+                // Peers here are known by their place in the membership, not by a key they
+                // keep: a restarted process starts over as a joiner, downloading the
+                // parameters, while the swarm notices the crash as it would any other.
+                if crashable(&mut self.peers, id).is_some() {
+                    self.on_churn(ChurnEvent::Crash { at_ms, peer: id })?;
+                    self.on_churn(ChurnEvent::Join { at_ms })?;
+                }
             }
         }
         Ok(())

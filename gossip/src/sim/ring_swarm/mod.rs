@@ -99,7 +99,7 @@ struct Peer {
 /// all start the next step together, and the next step's ring leaves the crashed peer out
 /// once the swarm has noticed (`detect_ms`). A joiner downloads the parameters from a live
 /// peer and starts computing with the others at the next step boundary; a peer that leaves
-/// finishes its step's all-reduce first.
+/// finishes its step's all-reduce first. A restart is a crash followed at once by a join.
 #[derive(Debug)]
 pub struct RingSwarm {
     run: TrainingRun<Event>,

@@ -1,4 +1,5 @@
-//! Joins, leaves and crashes in a simulated SGP swarm, and how the swarm hears of them.
+//! Joins, leaves, crashes and restarts in a simulated SGP swarm, and how the swarm hears of
+//! them.
 
 use std::time::Duration;
 
@@ -58,8 +59,33 @@ impl SgpSwarm {
                 self.live.remove(id);
                 self.announce_later(id, Change::Crashed);
             }
+            ChurnEvent::Restart { peer: id, .. } => self.restart(id)?,
         }
         Ok(())
+    }
+
+    /// Peer `id` crashes and is back at once under the same index, holding nothing, like a
+    /// joiner; nobody is told. Messages in flight to it reach the new process, and reports
+    /// meant for the old one (the delivery of a share it sent, the end of its step) find
+    /// a peer of another incarnation and are dropped.
+    fn restart(&mut self, id: u32) -> Result<(), SimError> {
+        let Some(peer) = self.peers.get_mut(id as usize) else {
+            return Ok(());
+        };
+        if peer.status != Status::Live {
+            return Ok(());
+        }
+        let Some(old) = peer.machine.take() else {
+            return Ok(());
+        };
+        self.crashed_weight += old.state().weight();
+        let members = self.live.members().iter().copied();
+        let machine = SgpPeer::joining(id, members, self.scenario.vector_len, self.config.clone())?;
+        peer.machine = Some(machine);
+        peer.incarnation += 1;
+        // The old process's timer is not the new one's.
+        peer.armed = None;
+        self.pump(id)
     }
 
     /// The swarm hears of `subject`'s `change` once it notices, `link.detect_ms` from now.

@@ -1,28 +1,24 @@
 //! A swarm of simulated SGP peers, driven event by event in virtual time.
 
-use std::time::Duration;
-
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
 use crate::Time;
-use crate::sgp::{MembershipView, SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use crate::sgp::{MembershipView, SgpConfig, SgpInput, SgpOutput, SgpPeer};
 
 use super::error::SimError;
 use super::learner::{random_vector, step_duration};
 use super::metrics::{self, MassView};
-use super::network::{Departure, Network};
+use super::network::Network;
 use super::queue::{EventQueue, Lane};
-use super::report::{RoundRecord, SimReport, SimSummary, Work};
+use super::report::{RoundRecord, ShareRefusals, SimReport, SimSummary, Work};
 use super::scenario::{ChurnEvent, Scenario, Workload};
 use super::schedule::expand_churn;
 
 mod churn;
+mod transport;
 
-/// The least time a transport takes to give up on a peer that is gone. Without it a
-/// zero-latency run could bounce a share between a leaver and a departed heir forever
-/// without virtual time advancing.
-const RETURN_FLOOR: Duration = Duration::from_millis(1);
+use transport::{Body, Message};
 
 /// A membership change as the swarm hears of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,17 +28,42 @@ enum Change {
     Crashed,
 }
 
+/// Events that concern one incarnation of a peer (the end of its step, the confirmation of
+/// a share it sent) carry it: a peer that restarted since is not the one they were for.
 #[derive(Debug, Clone, Copy)]
 enum Event {
-    StepDone { peer: u32 },
-    Reach { slot: u32 },
-    Arrive { slot: u32 },
-    Delivered { from: u32, to: u32, seq: u64 },
-    Return { slot: u32 },
-    Tick { peer: u32 },
-    Churn { index: u32 },
-    Announce { subject: u32, change: Change },
-    Record { round: u64 },
+    StepDone {
+        peer: u32,
+        incarnation: u32,
+    },
+    Reach {
+        slot: u32,
+    },
+    Arrive {
+        slot: u32,
+    },
+    Delivered {
+        from: u32,
+        incarnation: u32,
+        to: u32,
+        seq: u64,
+    },
+    Return {
+        slot: u32,
+    },
+    Tick {
+        peer: u32,
+    },
+    Churn {
+        index: u32,
+    },
+    Announce {
+        subject: u32,
+        change: Change,
+    },
+    Record {
+        round: u64,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,6 +78,8 @@ struct SimPeer {
     /// `None` once the peer crashed or departed.
     machine: Option<SgpPeer<u32>>,
     status: Status,
+    /// How many times the peer restarted: which process under this index runs `machine`.
+    incarnation: u32,
     slowdown: f64,
     sign_flip_scale: Option<f32>,
     /// The time of the pending `Tick` event, if one is queued.
@@ -72,6 +95,7 @@ impl SimPeer {
         SimPeer {
             machine: Some(machine),
             status: Status::Live,
+            incarnation: 0,
             slowdown: 1.0,
             sign_flip_scale: None,
             armed: None,
@@ -79,18 +103,6 @@ impl SimPeer {
             target,
         }
     }
-}
-
-/// A share on the wire.
-#[derive(Debug)]
-struct Message {
-    from: u32,
-    to: u32,
-    /// The receiver was gone when the message arrived.
-    receiver_gone: bool,
-    departure: Departure,
-    header: ShareHeader,
-    payload: Vec<u8>,
 }
 
 /// A simulated SGP swarm, for tests that want to step it and look inside.
@@ -117,9 +129,10 @@ pub struct SgpSwarm {
     initial_spread: f64,
     initial_weight: f64,
     crashed_weight: f64,
-    /// Weight of shares dropped as malformed, or returned to a sender that could not take
-    /// them back.
+    /// Weight of shares dropped as malformed, or returned or refused to a sender that could
+    /// not take them back.
     dropped_weight: f64,
+    refusals: ShareRefusals,
     steps: u64,
     records: Vec<RoundRecord>,
     held_average: Vec<f64>,
@@ -180,6 +193,7 @@ impl SgpSwarm {
             initial_weight: n as f64,
             crashed_weight: 0.0,
             dropped_weight: 0.0,
+            refusals: ShareRefusals::default(),
             steps: 0,
             records: Vec::new(),
             held_average: vec![0.0; len],
@@ -241,15 +255,11 @@ impl SgpSwarm {
         self.peers.iter().filter_map(|peer| peer.machine.as_ref())
     }
 
-    /// Total weight: held by live peers plus carried by shares in flight.
+    /// Total weight: held by live peers plus carried by shares in flight, refused ones on
+    /// their way back to their sender included.
     pub fn total_weight(&self) -> f64 {
         let held: f64 = self.live_peers().map(|peer| peer.state().weight()).sum();
-        let in_flight: f64 = self
-            .slots
-            .iter()
-            .flatten()
-            .map(|message| message.header.weight)
-            .sum();
+        let in_flight: f64 = self.slots.iter().flatten().map(Message::weight).sum();
         held + in_flight
     }
 
@@ -258,15 +268,22 @@ impl SgpSwarm {
         &self.churn
     }
 
-    /// Weight lost with crashed peers so far.
+    /// Weight lost with crashed peers so far, restarted ones included: what a peer held
+    /// when it restarted, and what came back to it (returned or refused) for the process it
+    /// replaced.
     pub fn crashed_weight(&self) -> f64 {
         self.crashed_weight
     }
 
-    /// Weight of shares dropped: malformed ones, and returned ones their sender could not
-    /// take back.
+    /// Weight of shares dropped: malformed ones, and returned or refused ones their sender
+    /// could not take back.
     pub fn dropped_weight(&self) -> f64 {
         self.dropped_weight
+    }
+
+    /// What became of the quantized shares refused for a stale reference so far.
+    pub fn share_refusals(&self) -> ShareRefusals {
+        self.refusals
     }
 
     /// The founding peers' initial average, in `f64`.
@@ -333,6 +350,7 @@ impl SgpSwarm {
                 messages: self.network.messages_sent(),
                 events: self.queue.pushed(),
                 averaging: None,
+                share_refusals: Some(self.refusals),
             },
             rounds: self.records.clone(),
         }
@@ -340,18 +358,22 @@ impl SgpSwarm {
 
     fn dispatch(&mut self, event: Event) -> Result<(), SimError> {
         match event {
-            Event::StepDone { peer } => self.on_step_done(peer),
+            Event::StepDone { peer, incarnation } => self.on_step_done(peer, incarnation),
             Event::Reach { slot } => {
-                if let Some(message) = self.slots.get(slot as usize).and_then(Option::as_ref) {
-                    let to = message.to as usize;
-                    let arrival = self.network.arrive(&message.departure, to, &mut self.rng);
-                    self.queue
-                        .push(arrival, Lane::Normal, Event::Arrive { slot });
-                }
+                self.on_reach(slot);
                 Ok(())
             }
             Event::Arrive { slot } => self.on_arrive(slot),
-            Event::Delivered { from, to, seq } => {
+            Event::Delivered {
+                from,
+                incarnation,
+                to,
+                seq,
+            } => {
+                if self.incarnation(from) != Some(incarnation) {
+                    // The peer restarted since: the new process never sent that share.
+                    return Ok(());
+                }
                 self.feed(from, SgpInput::ShareDelivered { to, seq })
             }
             Event::Return { slot } => self.on_return(slot),
@@ -382,11 +404,11 @@ impl SgpSwarm {
         }
     }
 
-    fn on_step_done(&mut self, id: u32) -> Result<(), SimError> {
+    fn on_step_done(&mut self, id: u32, incarnation: u32) -> Result<(), SimError> {
         let Some(peer) = self.peers.get_mut(id as usize) else {
             return Ok(());
         };
-        if peer.status != Status::Live {
+        if peer.status != Status::Live || peer.incarnation != incarnation {
             return Ok(());
         }
         let Some(machine) = peer.machine.as_mut() else {
@@ -403,81 +425,10 @@ impl SgpSwarm {
         self.feed(id, SgpInput::LocalStepDone)
     }
 
-    fn on_arrive(&mut self, slot: u32) -> Result<(), SimError> {
-        let Some(message) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
-            return Ok(());
-        };
-        let receiver = self
-            .peers
-            .get_mut(message.to as usize)
-            .and_then(|peer| peer.machine.as_mut())
-            .filter(|machine| !machine.has_departed());
-        let Some(receiver) = receiver else {
-            // Nobody took it: the transport notices after a round trip and hands it back.
-            let at = self.now + (self.network.latency() * 2).max(RETURN_FLOOR);
-            self.slots[slot as usize] = Some(Message {
-                receiver_gone: true,
-                ..message
-            });
-            self.queue.push(at, Lane::Normal, Event::Return { slot });
-            return Ok(());
-        };
-        let input = SgpInput::ShareReceived {
-            from: message.from,
-            header: message.header,
-            payload: &message.payload,
-        };
-        match receiver.handle(self.now, input) {
-            Ok(()) => {}
-            Err(error) if error.returns_share() => {
-                // Sound but unusable here (a stale reference): back to the sender.
-                let at = self.now + self.network.latency();
-                self.slots[slot as usize] = Some(message);
-                self.queue.push(at, Lane::Normal, Event::Return { slot });
-                return Ok(());
-            }
-            // A malformed share (a byzantine peer's NaN) is dropped and the receiver carries
-            // on; its weight is lost, as it would be on a real network.
-            Err(_) => self.dropped_weight += message.header.weight,
-        }
-        receiver.recycle(message.payload);
-        self.free_slots.push(slot);
-        self.pump(message.to)?;
-        let at = self.now + self.network.latency();
-        let delivered = Event::Delivered {
-            from: message.from,
-            to: message.to,
-            seq: message.header.seq,
-        };
-        self.queue.push(at, Lane::Normal, delivered);
-        Ok(())
-    }
-
-    fn on_return(&mut self, slot: u32) -> Result<(), SimError> {
-        let Some(message) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
-            return Ok(());
-        };
-        self.free_slots.push(slot);
-        let Some(sender) = self
-            .peers
-            .get_mut(message.from as usize)
-            .and_then(|peer| peer.machine.as_mut())
-        else {
-            // The sender is gone too: this share's mass is lost with it.
-            self.crashed_weight += message.header.weight;
-            return Ok(());
-        };
-        let input = SgpInput::ShareReturned {
-            to: message.to,
-            header: message.header,
-            payload: &message.payload,
-            receiver_gone: message.receiver_gone,
-        };
-        if sender.handle(self.now, input).is_err() {
-            self.dropped_weight += message.header.weight;
-        }
-        sender.recycle(message.payload);
-        self.pump(message.from)
+    /// The incarnation of peer `id` that runs now, unless it crashed or departed.
+    fn incarnation(&self, id: u32) -> Option<u32> {
+        let peer = self.peers.get(id as usize)?;
+        peer.machine.as_ref().map(|_| peer.incarnation)
     }
 
     /// Hands `input` to peer `id` (if it still runs) and acts on what it asks for.
@@ -518,30 +469,17 @@ impl SgpSwarm {
                     header,
                     mut payload,
                 } => {
-                    if let Some(scale) = self.peers[id as usize].sign_flip_scale {
+                    let peer = &self.peers[id as usize];
+                    if let Some(scale) = peer.sign_flip_scale {
                         sign_flip(&mut payload, scale);
                     }
-                    let departure = self.network.depart(self.now, id as usize, payload.len());
-                    let message = Message {
-                        from: id,
-                        to,
-                        receiver_gone: false,
-                        departure,
+                    let incarnation = peer.incarnation;
+                    let body = Body::Share {
                         header,
                         payload,
+                        receiver_gone: false,
                     };
-                    let slot = match self.free_slots.pop() {
-                        Some(slot) => {
-                            self.slots[slot as usize] = Some(message);
-                            slot
-                        }
-                        None => {
-                            self.slots.push(Some(message));
-                            (self.slots.len() - 1) as u32
-                        }
-                    };
-                    self.queue
-                        .push(departure.reaches, Lane::Normal, Event::Reach { slot });
+                    self.post(id, to, incarnation, body);
                 }
                 SgpOutput::StartStep { .. } => self.start_step(id)?,
                 SgpOutput::Departed => {
@@ -568,8 +506,15 @@ impl SgpSwarm {
             }
         }
         let at = self.now + step_duration(&self.scenario.compute, peer.slowdown, &mut self.rng);
-        self.queue
-            .push(at, Lane::Normal, Event::StepDone { peer: id });
+        let incarnation = peer.incarnation;
+        self.queue.push(
+            at,
+            Lane::Normal,
+            Event::StepDone {
+                peer: id,
+                incarnation,
+            },
+        );
         Ok(())
     }
 }
