@@ -16,7 +16,7 @@ fn scenario(seed: u64) -> Scenario {
         joins: 3,
         leaves: 3,
         crashes: 3,
-        restarts: 0,
+        restarts: 3,
     });
     scenario
 }
