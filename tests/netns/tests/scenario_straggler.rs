@@ -20,8 +20,11 @@ fn sgp_loses_only_the_stragglers_share_and_the_sync_ring_waits_for_it() {
     let modes = json["modes"].as_array().expect("modes");
     let names: Vec<&str> = modes.iter().filter_map(|m| m["mode"].as_str()).collect();
     assert_eq!(names, ["sgp", "sync-ring"], "{json}");
-    // The synthetic step sets the straggler's pace: 16 samples every 4 s at most.
-    let straggler_pace_bound = 16.0 / 4.0 * 1.05;
+    // The synthetic step sets the straggler's pace: 16 samples every 4 s at most. Its
+    // steps are timed by the progress lines that report them, each up to one progress
+    // period (0.5 s) late, and the 16 s window holds as few as two of them, so two steps
+    // may measure as 32 samples in 7.5 s; 2% more for a scheduler's delay on two cores.
+    let straggler_pace_bound = 2.0 * 16.0 / (2.0 * 4.0 - 0.5) * 1.02;
     for mode in modes {
         let per_peer: Vec<f64> = mode["straggled"]["per_peer_samples_per_s"]
             .as_array()
