@@ -140,9 +140,22 @@ impl SgpSwarm {
         }
     }
 
-    /// Gives the share in `slot` back to its sender at `at`.
-    fn give_back(&mut self, slot: u32, at: Time, route: Route, share: Body) {
-        self.slots[slot as usize] = Some(Message { route, body: share });
+    /// Gives the share in `slot` back to its sender at `at`; `receiver_gone` when nobody
+    /// took it.
+    fn give_back(
+        &mut self,
+        slot: u32,
+        at: Time,
+        route: Route,
+        (header, payload): (ShareHeader, Vec<u8>),
+        receiver_gone: bool,
+    ) {
+        let body = Body::Share {
+            header,
+            payload,
+            receiver_gone,
+        };
+        self.slots[slot as usize] = Some(Message { route, body });
         self.queue.push(at, Lane::Normal, Event::Return { slot });
     }
 
@@ -162,12 +175,7 @@ impl SgpSwarm {
         let Some(receiver) = receiver else {
             // Nobody took it: the transport notices after a round trip and hands it back.
             let at = self.now + (self.network.latency() * 2).max(RETURN_FLOOR);
-            let share = Body::Share {
-                header,
-                payload,
-                receiver_gone: true,
-            };
-            self.give_back(slot, at, route, share);
+            self.give_back(slot, at, route, (header, payload), true);
             return Ok(());
         };
         let input = SgpInput::ShareReceived {
@@ -193,12 +201,7 @@ impl SgpSwarm {
             Err(error) if error.returns_share() => {
                 // Sound but unusable here: back to the sender before it is confirmed.
                 let at = self.now + self.network.latency();
-                let share = Body::Share {
-                    header,
-                    payload,
-                    receiver_gone: false,
-                };
-                self.give_back(slot, at, route, share);
+                self.give_back(slot, at, route, (header, payload), false);
                 return Ok(());
             }
             // A malformed share (a byzantine peer's NaN) is dropped and the receiver carries

@@ -157,9 +157,8 @@ impl CasePlan {
 /// comparison: with seven streams per uplink and 10 MB of credit each, flows fill the
 /// links' queues and share them unevenly, and a phase ends with its slowest flow. Then
 /// N = 8 at 100 Mbit/s without a bar, where the peers need half the CPU, and plain TCP
-/// through each harness. Short: N = 4, a
-/// 4 MiB vector on 50 Mbit/s links, f32 and int8, bars with room for a debug build on two
-/// shared cores.
+/// through each harness. Short: N = 4, a 4 MiB vector on 50 Mbit/s links, f32 and int8,
+/// bars with room for a debug build on two shared cores.
 pub fn butterfly_efficiency(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
     const FAST: u64 = 200_000_000;
     const HALF: u64 = 100_000_000;
@@ -259,7 +258,7 @@ pub(super) fn run_cases(
         let case = EfficiencyCase {
             run: run_bench(options, harness, hosts, &spec)?,
             rate_bits_per_sec: rate,
-            offloads: plan.offloads,
+            offloads: harness.topology().stage_offloads(),
             required: plan.required,
         };
         eprintln!(
