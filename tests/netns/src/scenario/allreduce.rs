@@ -30,6 +30,7 @@ use anyhow::{Context as _, bail};
 use serde_json::Value;
 
 use self::cpu::{CpuMonitor, CpuUse};
+use self::uplinks::{UplinkMonitor, UplinkSummary};
 use super::{ScenarioOptions, write_hosts_file};
 use crate::{Harness, LinkShape, Topology, run_bounded};
 
@@ -39,6 +40,7 @@ mod latency;
 mod offloads;
 mod plot;
 mod tcp_probe;
+mod uplinks;
 mod window;
 
 pub use self::efficiency::{EfficiencyReport, butterfly_efficiency};
@@ -83,6 +85,8 @@ struct BenchRun {
     bytes_sent_per_peer: f64,
     /// CPU use while the run ran.
     cpu: CpuUse,
+    /// How fully the peers' uplinks ran.
+    uplinks: UplinkSummary,
 }
 
 impl BenchRun {
@@ -139,8 +143,10 @@ fn run_bench(
     }
     crate::end_with_parent(&mut command);
     let monitor = CpuMonitor::start(harness);
+    let uplink_monitor = UplinkMonitor::start(harness);
     let output = run_bounded(command, spec.limit);
     let cpu = monitor.stop();
+    let uplinks = uplink_monitor.stop().summary();
     let output = output.with_context(|| format!("{spec:?}"))?;
     if !output.status.success() {
         bail!(
@@ -177,6 +183,7 @@ fn run_bench(
         min_coverage: 1.0,
         bytes_sent_per_peer: 0.0,
         cpu,
+        uplinks,
     };
     for round in rounds {
         run.round_times_s.push(field(round, "time_s")?);
@@ -249,6 +256,7 @@ mod tests {
             min_coverage: 1.0,
             bytes_sent_per_peer: 0.0,
             cpu: CpuUse::default(),
+            uplinks: UplinkSummary::default(),
         };
         assert_eq!(run.warm_median_s(), 4.0);
         assert_eq!(run.warm_median_period_s(), 4.5);

@@ -35,6 +35,10 @@ pub struct ScenarioOptions {
     pub murmur: PathBuf,
     /// The `murmur-netem` binary of the harness's delay stage.
     pub netem: PathBuf,
+    /// Run only the cases whose names hold this text (`butterfly-efficiency`, `quic-window`
+    /// and `stage-offloads`; a case's name is what its report's table and log lines give,
+    /// such as `N=8 int8:64 200 Mbit/s window 500000 B`). `None` runs them all.
+    pub cases: Option<String>,
 }
 
 impl ScenarioOptions {
@@ -56,6 +60,7 @@ impl ScenarioOptions {
             out,
             murmur,
             netem,
+            cases: None,
         })
     }
 }

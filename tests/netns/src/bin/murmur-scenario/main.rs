@@ -1,10 +1,12 @@
 //! `murmur-scenario`: runs one scenario of the network harness and prints its report.
 //!
 //! ```text
-//! murmur-scenario NAME [--long] [--out DIR]
+//! murmur-scenario NAME [--long] [--out DIR] [--cases TEXT]
 //! ```
 //!
-//! Without `--long` it runs the short version the CI tests run. It needs root, iproute2 and
+//! Without `--long` it runs the short version the CI tests run. `--cases` runs only the
+//! cases whose names hold `TEXT` (the all-reduce benchmarks: `butterfly-efficiency`,
+//! `quic-window`, `stage-offloads`), to measure one row again without the rest. It needs root, iproute2 and
 //! the `murmur` binary beside this one (`cargo build --release -p murmur -p murmur-netns`).
 //! Exits 0 when every acceptance bound holds, 1 when one does not, 2 on bad arguments.
 
@@ -30,12 +32,17 @@ const SCENARIOS: &[&str] = &[
 fn main() -> ExitCode {
     let mut long = false;
     let mut out = None;
+    let mut cases = None;
     let mut name = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--long" => long = true,
             "--out" => out = args.next().map(PathBuf::from),
+            "--cases" => match args.next() {
+                Some(text) => cases = Some(text),
+                None => return usage("--cases needs the text a case's name holds"),
+            },
             _ if name.is_none() && !arg.starts_with('-') => name = Some(arg),
             _ => return usage(&format!("unexpected argument {arg:?}")),
         }
@@ -49,7 +56,7 @@ fn main() -> ExitCode {
         Err(error) => return fail(&format!("cannot find this program's folder: {error}")),
     };
     let options = match ScenarioOptions::beside_netem(long, out, netem) {
-        Ok(options) => options,
+        Ok(options) => ScenarioOptions { cases, ..options },
         Err(error) => return fail(&format!("{error:#}")),
     };
     let report: anyhow::Result<Box<dyn Report>> = match name.as_str() {
@@ -81,7 +88,7 @@ fn main() -> ExitCode {
 
 fn usage(why: &str) -> ExitCode {
     eprintln!(
-        "murmur-scenario: {why}\nusage: murmur-scenario NAME [--long] [--out DIR]\nscenarios: {}",
+        "murmur-scenario: {why}\nusage: murmur-scenario NAME [--long] [--out DIR] [--cases TEXT]\nscenarios: {}",
         SCENARIOS.join(", ")
     );
     ExitCode::from(2)

@@ -245,18 +245,21 @@ impl Sample {
 /// a TUN device, what its reader was handed.
 fn device_transmit_bytes(pid: u32, device: &str) -> Option<u64> {
     let table = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).ok()?;
-    transmit_bytes(&table, device)
+    device_bytes(&table, device).map(|(_, transmitted)| transmitted)
 }
 
-/// The transmitted bytes of `device` in a `/proc/net/dev` table.
-fn transmit_bytes(table: &str, device: &str) -> Option<u64> {
+/// The received and transmitted bytes of `device` in a `/proc/net/dev` table.
+pub(super) fn device_bytes(table: &str, device: &str) -> Option<(u64, u64)> {
     table.lines().find_map(|line| {
         let (name, counters) = line.split_once(':')?;
         if name.trim() != device {
             return None;
         }
-        // Eight receive counters, then the transmit ones, bytes first.
-        counters.split_whitespace().nth(8)?.parse().ok()
+        // Eight receive counters, bytes first, then the transmit ones, bytes first.
+        let mut counters = counters.split_whitespace();
+        let received = counters.next()?.parse().ok()?;
+        let transmitted = counters.nth(7)?.parse().ok()?;
+        Some((received, transmitted))
     })
 }
 
@@ -338,14 +341,14 @@ mod tests {
     }
 
     #[test]
-    fn a_devices_transmitted_bytes_are_read_from_its_line() {
+    fn a_devices_bytes_are_read_from_its_line() {
         let table = "Inter-|   Receive                                                |  Transmit
  face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
     lo:     100       2    0    0    0     0          0         0      100       2    0    0    0     0       0          0
 delay0: 5000000    4000    0    0    0     0          0         0  6000000    4100    0    0    0     0       0          0
 ";
-        assert_eq!(transmit_bytes(table, "delay0"), Some(6_000_000));
-        assert_eq!(transmit_bytes(table, "lo"), Some(100));
-        assert_eq!(transmit_bytes(table, "link0"), None);
+        assert_eq!(device_bytes(table, "delay0"), Some((5_000_000, 6_000_000)));
+        assert_eq!(device_bytes(table, "lo"), Some((100, 100)));
+        assert_eq!(device_bytes(table, "link0"), None);
     }
 }

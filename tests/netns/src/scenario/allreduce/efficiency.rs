@@ -52,24 +52,34 @@ impl EfficiencyCase {
     }
 
     fn name(&self) -> String {
-        let window = self
-            .run
-            .spec
-            .quic_window
-            .map_or(String::new(), |w| format!(" window {w} B"));
-        let start = if self.run.spec.free_start {
-            " free start"
-        } else {
-            ""
-        };
-        let offloads = if self.offloads { "" } else { " no offloads" };
-        format!(
-            "N={} {} {} Mbit/s{window}{start}{offloads}",
-            self.run.spec.peers,
-            self.run.spec.codec,
-            self.rate_bits_per_sec / 1_000_000
+        let spec = &self.run.spec;
+        case_name(
+            spec.peers,
+            spec.codec,
+            self.rate_bits_per_sec,
+            spec.quic_window,
+            spec.free_start,
+            self.offloads,
         )
     }
+}
+
+/// A case's name, as tables, log lines and `--cases` give it.
+fn case_name(
+    peers: usize,
+    codec: &str,
+    rate: u64,
+    quic_window: Option<u32>,
+    free_start: bool,
+    offloads: bool,
+) -> String {
+    let window = quic_window.map_or(String::new(), |w| format!(" window {w} B"));
+    let start = if free_start { " free start" } else { "" };
+    let offloads = if offloads { "" } else { " no offloads" };
+    format!(
+        "N={peers} {codec} {} Mbit/s{window}{start}{offloads}",
+        rate / 1_000_000
+    )
 }
 
 /// What `butterfly-efficiency` (or `quic-window`) measured.
@@ -143,6 +153,18 @@ impl CasePlan {
             offloads: false,
             ..self
         }
+    }
+
+    /// The name its case will have, offloads as asked for.
+    fn name(&self) -> String {
+        case_name(
+            self.peers,
+            self.codec,
+            self.rate,
+            self.quic_window,
+            self.free_start,
+            self.offloads,
+        )
     }
 }
 
@@ -222,7 +244,20 @@ pub(super) fn run_cases(
         plot: None,
     };
     let mut built: Option<((usize, u64, bool), Harness, PathBuf)> = None;
-    for &plan in cases {
+    let chosen = |plan: &&CasePlan| {
+        options
+            .cases
+            .as_ref()
+            .is_none_or(|text| plan.name().contains(text.as_str()))
+    };
+    let cases: Vec<CasePlan> = cases.iter().filter(chosen).copied().collect();
+    if cases.is_empty() {
+        bail!(
+            "no case of {name} has a name holding {:?}",
+            options.cases.as_deref().unwrap_or_default()
+        );
+    }
+    for plan in cases {
         let (peers, rate) = (plan.peers, plan.rate);
         let shape = (peers, rate, plan.offloads);
         if built.as_ref().is_none_or(|(built, _, _)| *built != shape) {
@@ -294,7 +329,7 @@ impl EfficiencyReport {
     /// The results as Markdown tables.
     pub fn table(&self) -> String {
         let mut t = String::from(
-            "| N | codec | S (MiB) | QUIC window (B) | start | stage offloads | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | round times (s) | periods (s) | median period after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| N | codec | S (MiB) | QUIC window (B) | start | stage offloads | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | round times (s) | periods (s) | median period after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine | uplinks: mean use / time all full / time ≤ 1 busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for c in &self.cases {
             let list = |values: &[f64]| {
@@ -305,8 +340,9 @@ impl EfficiencyReport {
                     .join(", ")
             };
             let cpu = c.run.cpu.under_traffic();
+            let up = c.run.uplinks;
             t.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} |\n",
+                "| {} | {} | {:.0} | {} | {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} | {:.2} / {:.0}% / {:.0}% |\n",
                 c.run.spec.peers,
                 c.run.spec.codec,
                 c.vector_bytes() / f64::from(1u32 << 20),
@@ -333,6 +369,9 @@ impl EfficiencyReport {
                 cpu.softirq,
                 cpu.busy,
                 c.run.cpu.cores(),
+                up.mean,
+                up.all_full * 100.0,
+                up.at_most_one_busy * 100.0,
             ));
         }
         if !self.tcp.is_empty() {
@@ -373,6 +412,7 @@ impl Report for EfficiencyReport {
                     "max_rel_error": c.run.max_rel_error,
                     "min_coverage": c.run.min_coverage,
                     "cpu": c.run.cpu.to_json(),
+                    "uplinks": c.run.uplinks.to_json(),
                 })
             })
             .collect();
@@ -436,6 +476,7 @@ impl EfficiencyReport {
 #[cfg(test)]
 mod tests {
     use super::super::cpu::CpuUse;
+    use super::super::uplinks::UplinkSummary;
     use super::*;
 
     /// 2(N−1)/N·S/B in seconds for N = 4, 64 MiB of f32 and 200 Mbit/s.
@@ -462,6 +503,7 @@ mod tests {
                 min_coverage: 1.0,
                 bytes_sent_per_peer: 0.0,
                 cpu: CpuUse::default(),
+                uplinks: UplinkSummary::default(),
             },
             rate_bits_per_sec: 200_000_000,
             offloads: true,
@@ -512,6 +554,19 @@ mod tests {
         assert!(
             missed.contains("busbw/B 0.840 < 0.85 (median of 0.800, 0.840, 0.950"),
             "{missed}"
+        );
+    }
+
+    #[test]
+    fn a_plan_is_named_as_its_case_will_be() {
+        let plan = CasePlan::new(4, 200_000_000, "int8:64", Some(3.2));
+        let run = case("int8:64", vec![1.0], Some(3.2));
+        assert_eq!(plan.name(), run.name());
+        assert_eq!(plan.name(), "N=4 int8:64 200 Mbit/s");
+        let plan = plan.window(500_000).without_offloads();
+        assert_eq!(
+            plan.name(),
+            "N=4 int8:64 200 Mbit/s window 500000 B no offloads"
         );
     }
 }
