@@ -333,3 +333,75 @@ fn a_lost_member_is_given_up_without_waiting() {
         assert!(rounds[from].is_idle());
     }
 }
+
+/// A member whose own part is reduced before it has sent its part chunks still sends them:
+/// its averages never run ahead of them, so the other reducers are not left waiting while
+/// its uplink carries averages alone.
+#[test]
+fn averages_do_not_run_ahead_of_the_part_chunks_to_the_same_member() {
+    let mut rounds = rounds(2);
+    // Member 1 sends everything it can to member 0 before member 0 sends anything: its
+    // part chunks for member 0's part complete member 0's reduction.
+    let mut fed = 0;
+    for _ in 0..1000 {
+        let Some(output) = rounds[1].poll_output() else {
+            break;
+        };
+        let RoundOutput::SendPartChunk {
+            to,
+            address,
+            weight,
+            payload,
+        } = output
+        else {
+            continue;
+        };
+        let bytes = rounds[1].payload(payload).expect("current").to_vec();
+        rounds[1]
+            .handle(Time::ZERO, RoundInput::Sent { to, payload })
+            .expect("ack");
+        let input = RoundInput::PartChunk {
+            from: 1,
+            address,
+            weight,
+            codec: CodecSpec::F32,
+            payload: &bytes,
+        };
+        rounds[0].handle(Time::ZERO, input).expect("well-formed");
+        fed += 1;
+    }
+    assert!(fed >= 4, "member 1 sent {fed} part chunks");
+    // Now every average of member 0 is ready; see in which order it sends to member 1.
+    let (mut parts, mut averages) = (0usize, 0usize);
+    let mut order = Vec::new();
+    for _ in 0..1000 {
+        let Some(output) = rounds[0].poll_output() else {
+            break;
+        };
+        let (to, payload) = match output {
+            RoundOutput::SendPartChunk { to, payload, .. } => {
+                parts += 1;
+                order.push('P');
+                (to, payload)
+            }
+            RoundOutput::SendAveragedChunk { to, payload, .. } => {
+                averages += 1;
+                order.push('A');
+                (to, payload)
+            }
+            RoundOutput::Finished(_) => continue,
+        };
+        rounds[0]
+            .handle(Time::ZERO, RoundInput::Sent { to, payload })
+            .expect("ack");
+        // Averages sent so far, as a fraction of member 0's chunks, stay within one chunk
+        // of the part chunks sent, as a fraction of member 1's.
+        assert!(averages <= parts + 1, "order {order:?}");
+    }
+    let order: String = order.into_iter().collect();
+    assert!(parts >= 4 && averages >= 4, "order {order}");
+    assert!(
+        order.ends_with("AP") || order.ends_with("PA"),
+        "order {order}"
+    );
+}

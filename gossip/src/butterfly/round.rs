@@ -540,9 +540,31 @@ impl<P: PeerKey> ButterflyRound<P> {
                     && dest.next_part_chunk < self.parts[d].layout.chunks()))
     }
 
+    /// Whether the next chunk for destination `d` is an average rather than a part chunk.
+    ///
+    /// Averages go first, as other members wait for them to finish, but never ahead of
+    /// the part chunks already sent to `d` (each counted as a fraction of its part): a
+    /// part chunk feeds `d`'s own reduction, which every member waits on for the averages
+    /// of `d`'s part. A member whose reduction ran ahead would otherwise spend its uplink
+    /// on its averages while the others' reductions starve for its part chunks, and end
+    /// the round with its part chunks going out alone.
+    fn average_next(&self, d: usize) -> bool {
+        let dest = &self.destinations[d];
+        if dest.next_average >= self.ready.len() {
+            return false;
+        }
+        let part = &self.parts[d];
+        let part_chunks = part.layout.chunks();
+        let parts_left = part.state == PartState::Pending && dest.next_part_chunk < part_chunks;
+        // averages sent / own chunks ≤ part chunks sent / part chunks, cross-multiplied.
+        !parts_left
+            || dest.next_average * part_chunks
+                <= dest.next_part_chunk * self.parts[self.me].layout.chunks()
+    }
+
     /// Hands chunks to the transport while destinations have room in their windows, one
-    /// chunk per destination per pass so that every reducer's stream starts at once.
-    /// Averages go first: other members are waiting for them to finish.
+    /// chunk per destination per pass so that every reducer's stream starts at once, in the
+    /// order [`Self::average_next`] gives.
     fn pump(&mut self) {
         // Each pass sends at least one chunk or stops; a destination takes at most
         // `window` chunks, so this ends after `window` passes plus one.
@@ -553,7 +575,7 @@ impl<P: PeerKey> ButterflyRound<P> {
                     && self.destinations[d].in_flight < self.window
                     && self.has_work(d)
                 {
-                    if self.destinations[d].next_average < self.ready.len() {
+                    if self.average_next(d) {
                         self.send_average(d);
                     } else {
                         self.send_part_chunk(d);
