@@ -15,7 +15,9 @@
 //!
 //! Chunks are pipelined: encoding, sending, reducing and returning overlap, and each
 //! member keeps at most `chunks_in_flight` chunks per destination with the transport, so a
-//! slow receiver holds back only its own stream. This is the all-reduce of Moshpit SGD
+//! slow receiver holds back only its own stream. To each destination a member sends its
+//! averages first, but never further along than its part chunks to that destination: the
+//! part chunks feed the destination's reduction, which every member waits on. This is the all-reduce of Moshpit SGD
 //! (Ryabinin, Gorbunov, Plokhotnyuk and Pekhimenko, "Moshpit SGD: Communication-Efficient
 //! Decentralized Training on Heterogeneous Unreliable Devices", NeurIPS 2021) and DeDLOC
 //! (Diskin et al., "Distributed Deep Learning in Open Collaborations", NeurIPS 2021), which
