@@ -101,9 +101,12 @@ impl UplinkMonitor {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
-            let Some(rates) = rates.filter(|_| enter_namespace(&namespace)) else {
+            let Some(rates) = rates else {
                 return UplinkUse::default();
             };
+            if !enter_namespace(&namespace) {
+                return UplinkUse::default();
+            }
             let mut windows = Vec::new();
             let mut last = (Instant::now(), uplink_bytes(rates.len()));
             while !flag.load(Ordering::Relaxed) {
