@@ -6,8 +6,9 @@
 //!
 //! Without `--long` it runs the short version the CI tests run. `--cases` runs only the
 //! cases whose names hold `TEXT` (the all-reduce benchmarks: `butterfly-efficiency`,
-//! `quic-window`, `stage-offloads`), to measure one row again without the rest. It needs root, iproute2 and
-//! the `murmur` binary beside this one (`cargo build --release -p murmur -p murmur-netns`).
+//! `quic-window`, `stage-offloads`), to measure one row again without the rest. It needs
+//! root, iproute2 and the `murmur` binary beside this one (`cargo build --release -p murmur
+//! -p murmur-netns`).
 //! Exits 0 when every acceptance bound holds, 1 when one does not, 2 on bad arguments.
 
 use std::path::PathBuf;
