@@ -303,6 +303,11 @@ pub(crate) struct AllreduceArgs {
     /// failed always keeps it and says where.
     #[arg(long)]
     pub(crate) keep_logs: bool,
+    /// Runtime threads of each peer process. With 1 the network and the round share one
+    /// thread and hand nothing between threads, which costs less CPU when many peers share
+    /// few cores. Default: this host's cores divided among the peers, 1 or 2.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub(crate) peer_threads: Option<u8>,
 }
 
 #[derive(Debug, Args)]
@@ -329,4 +334,7 @@ pub(crate) struct AllreducePeerArgs {
     /// peer is ready for it.
     #[arg(long)]
     pub(crate) free_start: bool,
+    /// Runtime threads: 1 runs everything on one thread.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub(crate) threads: u8,
 }

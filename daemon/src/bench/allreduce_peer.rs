@@ -10,8 +10,13 @@
 //! chunk of every part has elements in it (a chunk is 16 384 elements by default), so a
 //! chunk or part left at local values or averaged wrong shows. A full pass after every
 //! round would compete for the CPU with peers still in that round and slow the very round
-//! it measures; the sample costs a sixteenth of that. The vector, the sample's exact mean
-//! and the round's buffers are built once, before the first round.
+//! it measures; the sample costs a sixteenth of that. The vector and the sample's exact
+//! mean are built once, before the network starts (they take seconds of CPU, which would
+//! keep a one-thread runtime from answering the swarm), and the round's buffers in the
+//! first round.
+//!
+//! `--threads 1` runs the network and the rounds on one thread: many peers sharing few
+//! cores then spend no CPU handing work between threads.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead as _, Write as _};
@@ -193,11 +198,26 @@ fn emit(line: serde_json::Value) {
 pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
     let loaded = config::load(&args.config).map_err(|e| BadInput(e.to_string()))?;
     crate::observe::init_logging("warn", crate::observe::LogFormat::Human)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let runtime = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(args.threads))
+            .enable_all()
+            .build()
+    }
+    .context("cannot start the async runtime")?;
+    // Built before the network starts: the vector and its exact mean take seconds of CPU,
+    // which must not hold up the runtime that answers the swarm.
+    let (local, weight) = vector_of(args.index, args.elements);
+    let exact = exact_mean(args.peers, args.elements, args.algo != AllreduceAlgo::Sgp);
+    let workload = Workload {
+        local,
+        weight,
+        exact,
+    };
     runtime.block_on(async move {
         let identity = NetIdentity::from_keypair(&loaded.keypair);
         let me = identity.peer_id();
@@ -227,7 +247,7 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
             butterfly: loaded.averaging.butterfly.clone(),
             raw_bytes: 0,
         };
-        let result = bench(&mut peer, args, loaded.averaging.sgp.clone()).await;
+        let result = bench(&mut peer, args, loaded.averaging.sgp.clone(), workload).await;
         if let Err(e) = &result {
             emit(json!({"event": "done", "error": format!("{e:#}")}));
         }
@@ -271,10 +291,18 @@ async fn gather(peer: &mut BenchPeer, want: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What a peer averages: its vector, its weight, and the exact mean at the [`sample`].
+struct Workload {
+    local: Vec<f32>,
+    weight: f32,
+    exact: Vec<f64>,
+}
+
 async fn bench(
     peer: &mut BenchPeer,
     args: &AllreducePeerArgs,
     sgp: SgpConfig,
+    workload: Workload,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
     gather(peer, args.peers - 1).await?;
@@ -282,10 +310,13 @@ async fn bench(
     emit(json!({"event": "gathered", "after_s": started.elapsed().as_secs_f64()}));
     // Everyone is connected; give their own gathering a moment to finish too.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (local, weight) = vector_of(args.index, args.elements);
+    let Workload {
+        local,
+        weight,
+        exact,
+    } = workload;
     match args.algo {
         AllreduceAlgo::Butterfly | AllreduceAlgo::Ring => {
-            let exact = exact_mean(args.peers, args.elements, true);
             let kind = if args.algo == AllreduceAlgo::Ring {
                 Collective::Ring
             } else {
@@ -350,7 +381,7 @@ async fn bench(
                 buffers.result = outcome.values;
             }
         }
-        AllreduceAlgo::Sgp => gossip(peer, args, sgp, local).await?,
+        AllreduceAlgo::Sgp => gossip(peer, args, sgp, local, exact).await?,
     }
     emit(json!({"event": "done"}));
     Ok(())
@@ -363,8 +394,8 @@ async fn gossip(
     args: &AllreducePeerArgs,
     config: SgpConfig,
     local: Vec<f32>,
+    exact: Vec<f64>,
 ) -> anyhow::Result<()> {
-    let exact = exact_mean(args.peers, args.elements, false);
     let members: Vec<PeerId> = peer.peers.iter().copied().collect();
     let mut machine = SgpPeer::new(peer.me, members, local, config)?;
     let steps_per_round = u64::from(usize::BITS - (args.peers - 1).leading_zeros()).max(1);

@@ -178,7 +178,7 @@ impl Early {
     }
 }
 
-fn group_of(parcel: &Parcel) -> Option<u64> {
+pub(crate) fn group_of(parcel: &Parcel) -> Option<u64> {
     match parcel {
         Parcel::PartChunk(m, _) => Some(m.address.group_id),
         Parcel::Averaged(m, _) => Some(m.address.group_id),

@@ -8,6 +8,11 @@
 //! leader starts its members together; here each peer tells every member when it is ready
 //! for a round (a `JoinGroup` of that round) and begins once every member still connected
 //! has said the same, or after a bound. Telling costs one one-way trip per round.
+//!
+//! A readiness message can be lost without an error: a write is done once QUIC holds its
+//! bytes, and the two ends of a simultaneous dial close one of their two connections. So
+//! a waiting peer tells the members again every second, and a member's chunks of a round
+//! count as its readiness for it: a member that has begun is not waited for.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -18,11 +23,15 @@ use murmur_protocol::message::JoinGroup;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::BenchPeer;
-use crate::run::collective::{Early, RoundHost as _};
+use crate::run::collective::{Early, RoundHost as _, group_of};
 
 /// The outbox tag of readiness messages, which no round's chunk uses (a round numbers its
 /// sends from 0).
 const READY_TAG: u64 = u64::MAX;
+
+/// How often a waiting peer tells the members again that it is ready: a message per
+/// member per second of waiting.
+const RETELL_EVERY: Duration = Duration::from_secs(1);
 
 /// The latest round each peer said it is ready for.
 #[derive(Debug, Default)]
@@ -35,6 +44,21 @@ impl Readiness {
     pub(super) fn note(&mut self, from: PeerId, round: u64) {
         let latest = self.latest.entry(from).or_insert(round);
         *latest = (*latest).max(round);
+    }
+
+    /// Notes what `parcel` from `from` says: a `JoinGroup` that `from` is ready for its
+    /// round, a chunk of a round that `from` has begun that round, so was ready for it
+    /// even if its readiness was lost. Returns whether the parcel was readiness alone, with
+    /// nothing else in it to keep.
+    pub(super) fn note_parcel(&mut self, from: PeerId, parcel: &Parcel) -> bool {
+        if let Parcel::JoinGroup(j) = parcel {
+            self.note(from, j.round);
+            return true;
+        }
+        if let Some(began) = group_of(parcel) {
+            self.note(from, began);
+        }
+        false
     }
 
     /// The members of `others` not yet ready for `round`, leaving out those `gone`.
@@ -81,23 +105,17 @@ impl BenchPeer {
             accepts_connections: true,
             samples,
         };
-        for to in self.peers.difference(&self.disconnected) {
-            if self
-                .outbox
-                .send(*to, READY_TAG, Parcel::JoinGroup(ready))
-                .is_err()
-            {
-                tracing::debug!(peer = %to, round, "readiness not queued: the queue is full");
-            }
-        }
+        self.tell_ready(ready);
         let until = tokio::time::Instant::now() + bound;
+        let mut retell = tokio::time::Instant::now() + RETELL_EVERY;
         self.unready.clear();
         while self.not_ready(round).next().is_some() {
             tokio::select! {
-                Some(d) = self.mailbox.recv() => match &d.parcel {
-                    Parcel::JoinGroup(j) => self.ready.note(d.from, j.round),
-                    _ => early.keep(&self.mailbox, d),
-                },
+                Some(d) = self.mailbox.recv() => {
+                    if !self.ready.note_parcel(d.from, &d.parcel) {
+                        early.keep(&self.mailbox, d);
+                    }
+                }
                 Some(report) = self.outbox.next_report() => {
                     self.mailbox.recycle(report.parcel.into_payload());
                 }
@@ -106,11 +124,15 @@ impl BenchPeer {
                     Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => anyhow::bail!("the network layer stopped"),
                 },
+                () = tokio::time::sleep_until(retell) => {
+                    self.tell_ready(ready);
+                    retell += RETELL_EVERY;
+                }
                 () = tokio::time::sleep_until(until) => {
                     let late: Vec<PeerId> = self.not_ready(round).copied().collect();
                     tracing::warn!(
                         round,
-                        late = late.len(),
+                        late = ?late,
                         "members not ready for the round within {bound:?}; beginning without them"
                     );
                     self.unready.extend(late);
@@ -119,6 +141,19 @@ impl BenchPeer {
             }
         }
         Ok(started.elapsed())
+    }
+
+    /// Sends `ready` to every member still connected.
+    fn tell_ready(&mut self, ready: JoinGroup) {
+        for to in self.peers.difference(&self.disconnected) {
+            if self
+                .outbox
+                .send(*to, READY_TAG, Parcel::JoinGroup(ready))
+                .is_err()
+            {
+                tracing::debug!(peer = %to, round = ready.round, "readiness not queued: the queue is full");
+            }
+        }
     }
 }
 
@@ -150,6 +185,50 @@ mod tests {
         assert_eq!(waiting(&ready, 1, &none_gone), members[1..]);
         let third_gone = |p: &PeerId| *p == members[2];
         assert_eq!(waiting(&ready, 0, &third_gone), []);
+    }
+
+    /// A member whose readiness was lost but whose chunks of the round arrive is not
+    /// waited for; its chunks are kept for the round, its readiness is not.
+    #[test]
+    fn a_chunk_of_a_round_says_its_sender_began_it() {
+        use murmur_protocol::codec::CodecSpec;
+        use murmur_protocol::message::{ChunkAddress, TensorPartChunk};
+        let members = peers(2);
+        let mut ready = Readiness::default();
+        let address = ChunkAddress {
+            group_id: 3,
+            part: 1,
+            chunk: 0,
+            offset: 0,
+            elements: 4,
+        };
+        let chunk = Parcel::PartChunk(
+            TensorPartChunk {
+                address,
+                weight: 1.0,
+                codec: CodecSpec::F32,
+                payload: &[],
+            },
+            vec![0; 16],
+        );
+        assert!(!ready.note_parcel(members[0], &chunk), "a chunk is kept");
+        assert_eq!(ready.waiting_on(&members, 3, |_| false).count(), 1);
+        assert_eq!(
+            ready
+                .waiting_on(&members, 4, |_| false)
+                .copied()
+                .collect::<Vec<_>>(),
+            members
+        );
+        let join = Parcel::JoinGroup(JoinGroup {
+            round: 3,
+            deadline_ms: 0,
+            bandwidth_bytes_per_s: 0,
+            accepts_connections: true,
+            samples: 1,
+        });
+        assert!(ready.note_parcel(members[1], &join), "readiness is used up");
+        assert_eq!(ready.waiting_on(&members, 3, |_| false).count(), 0);
     }
 
     #[test]
