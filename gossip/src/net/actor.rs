@@ -66,6 +66,10 @@ pub(crate) struct PeerState {
     pub(crate) inbound_open: Arc<AtomicU32>,
     /// Its open connections, oldest first.
     pub(crate) connections: Vec<ConnectionId>,
+    /// The connections it had when it was admitted: the admitted process's own, so a
+    /// hello on one of them is not a restart
+    /// ([`hello_means_restart`](super::swarm_events::hello_means_restart)).
+    pub(crate) admitted_on: Vec<ConnectionId>,
     /// It restarted while its old connections were open: announce our topics again once
     /// only its fresh connection is left.
     pub(crate) reannounce_when_alone: bool,
@@ -84,6 +88,7 @@ impl PeerState {
             in_dht: false,
             inbound_open: Arc::new(AtomicU32::new(0)),
             connections: Vec::new(),
+            admitted_on: Vec::new(),
             reannounce_when_alone: false,
         }
     }

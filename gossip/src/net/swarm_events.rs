@@ -259,7 +259,8 @@ impl NetActor {
             return;
         }
         if state.admitted.is_none() || is_hello(&request) {
-            let restarted = state.admitted.is_some();
+            let restarted =
+                hello_means_restart(state.admitted.is_some(), &state.admitted_on, connection);
             match self.authorizer.verify(&id, request.as_bytes(), unix_now()) {
                 Ok(admitted) => {
                     if restarted {
@@ -302,9 +303,10 @@ impl NetActor {
         }
     }
 
-    /// An admitted peer said hello again on `fresh`: a process says hello once to a peer
-    /// it knows, and again only when the connection its hello went out on closed, so this
-    /// one restarted under the same key, and its other connections are the dead process's:
+    /// An admitted peer said hello again on `fresh`, a connection opened after it was
+    /// admitted ([`hello_means_restart`]): it restarted under the same key (or the
+    /// connection its hello went out on closed), and its other connections are the dead
+    /// process's:
     /// gossip would keep sending on the first of them, and the restarted peer would not hear
     /// the swarm until they time out. They are closed now. (In the other case the peer keeps
     /// the connection its hello came on, and announcing our topic again costs one leave and
@@ -380,6 +382,7 @@ impl NetActor {
         };
         if state.admitted.is_none() {
             state.admitted = Some(admitted);
+            state.admitted_on.clone_from(&state.connections);
             self.ctx.metrics.peer_authorized();
             tracing::info!(%peer, expires_at = admitted.expires_at, "peer authorized");
             let _ = self.events.send(NetEvent::PeerAuthorized {
@@ -448,9 +451,50 @@ impl NetActor {
     }
 }
 
+/// Whether a hello from an admitted peer, arriving on `connection`, says it restarted.
+///
+/// A restarted process has new connections only, so a hello on a connection that was open
+/// when the peer was admitted comes from the admitted process itself: both ends dialed at
+/// once, each sent its hello on its own connection, and one came after the other's answer.
+/// Closing the other connection then would lose whatever the peer had just written on it.
+pub(crate) fn hello_means_restart(
+    admitted: bool,
+    admitted_on: &[ConnectionId],
+    connection: ConnectionId,
+) -> bool {
+    admitted && !admitted_on.contains(&connection)
+}
+
 /// Whether a control frame is an auth hello (checked by kind byte; the authorizer parses it
 /// fully).
 fn is_hello(frame: &ControlFrame) -> bool {
     use murmur_protocol::frame::FrameKind;
     frame.as_bytes().get(5) == Some(&FrameKind::AuthHello.to_byte())
+}
+
+#[cfg(test)]
+mod tests {
+    use libp2p::swarm::ConnectionId;
+
+    use super::hello_means_restart;
+
+    /// Both ends of a simultaneous dial say hello on their own connection; the second
+    /// hello, on a connection open at admission, is not taken for a restart. A hello on a
+    /// connection opened later is.
+    #[test]
+    fn a_hello_is_a_restart_only_on_a_connection_opened_after_admission() {
+        let (first, second, later) = (
+            ConnectionId::new_unchecked(1),
+            ConnectionId::new_unchecked(2),
+            ConnectionId::new_unchecked(3),
+        );
+        let at_admission = [first, second];
+        assert!(!hello_means_restart(true, &at_admission, first));
+        assert!(!hello_means_restart(true, &at_admission, second));
+        assert!(hello_means_restart(true, &at_admission, later));
+        assert!(
+            !hello_means_restart(false, &[], later),
+            "a first hello admits"
+        );
+    }
 }
