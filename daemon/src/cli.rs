@@ -305,9 +305,9 @@ pub(crate) struct AllreduceArgs {
     pub(crate) keep_logs: bool,
     /// Runtime threads of each peer process. With 1 the network and the round share one
     /// thread and hand nothing between threads, which costs less CPU when many peers share
-    /// few cores. Default: this host's cores divided among the peers, 1 or 2.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=64))]
-    pub(crate) peer_threads: Option<u8>,
+    /// few cores.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=64))]
+    pub(crate) peer_threads: u8,
 }
 
 #[derive(Debug, Args)]

@@ -255,21 +255,6 @@ fn single_stream(args: &AllreduceArgs) -> anyhow::Result<f64> {
     Ok(rounds[rounds.len() / 2])
 }
 
-/// The runtime threads of each peer: `--peer-threads`, or this host's cores divided among
-/// the peers.
-fn peer_threads(args: &AllreduceArgs) -> u8 {
-    args.peer_threads.unwrap_or_else(|| {
-        let cores = std::thread::available_parallelism().map_or(1, usize::from);
-        threads_per_peer(cores, args.peers)
-    })
-}
-
-/// `cores` shared by `peers` processes: 1 thread each (no hand-offs between threads) until
-/// each peer has two cores to itself, then 2.
-fn threads_per_peer(cores: usize, peers: usize) -> u8 {
-    if cores >= 2 * peers.max(1) { 2 } else { 1 }
-}
-
 /// What every peer's config gets besides `murmur local`'s: lines of its `[net]` table, and
 /// a table at the end.
 struct ConfigTables {
@@ -352,7 +337,7 @@ fn spawn_peer(
         .args(["--algo", algo])
         .args(["--rounds", &args.rounds.to_string()])
         .args(args.free_start.then_some("--free-start"))
-        .args(["--threads", &peer_threads(args).to_string()])
+        .args(["--threads", &args.peer_threads.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(log)
@@ -590,7 +575,7 @@ mod tests {
             quic_receive_window: None,
             free_start: false,
             keep_logs: false,
-            peer_threads: None,
+            peer_threads: 2,
         }
     }
 
@@ -614,19 +599,6 @@ mod tests {
         assert_eq!(get(0, "time_s"), 3.0);
         assert_eq!(get(1, "period_s"), 2.0);
         assert_eq!(get(1, "time_s"), 1.0);
-    }
-
-    #[test]
-    fn peers_sharing_few_cores_run_one_thread_each() {
-        assert_eq!(threads_per_peer(2, 8), 1);
-        assert_eq!(threads_per_peer(2, 2), 1);
-        assert_eq!(threads_per_peer(3, 2), 1);
-        assert_eq!(threads_per_peer(4, 2), 2);
-        assert_eq!(threads_per_peer(16, 8), 2);
-        assert_eq!(threads_per_peer(1, 0), 1);
-        let mut a = args(None, None);
-        a.peer_threads = Some(3);
-        assert_eq!(peer_threads(&a), 3);
     }
 
     #[test]
