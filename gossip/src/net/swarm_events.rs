@@ -304,13 +304,12 @@ impl NetActor {
     }
 
     /// An admitted peer said hello again on `fresh`, a connection opened after it was
-    /// admitted ([`hello_means_restart`]): it restarted under the same key (or the
-    /// connection its hello went out on closed), and its other connections are the dead
-    /// process's:
-    /// gossip would keep sending on the first of them, and the restarted peer would not hear
-    /// the swarm until they time out. They are closed now. (In the other case the peer keeps
-    /// the connection its hello came on, and announcing our topic again costs one leave and
-    /// join.)
+    /// admitted ([`hello_means_restart`]): it restarted under the same key, and its other
+    /// connections are the dead process's: gossip would keep sending on the first of them,
+    /// and the restarted peer would not hear the swarm until they time out. They are closed
+    /// now. (If instead the connection of its first hello closed and it asked again on a
+    /// newer one, it keeps the connection its hello came on, and announcing our topic
+    /// again costs one leave and join.)
     fn close_stale_connections(&mut self, peer: libp2p::PeerId, fresh: ConnectionId) {
         let Some(state) = self.peers.get_mut(&peer) else {
             return;

@@ -10,9 +10,9 @@
 //! has said the same, or after a bound. Telling costs one one-way trip per round.
 //!
 //! A readiness message can be lost without an error: a write is done once QUIC holds its
-//! bytes, and the two ends of a simultaneous dial close one of their two connections. So
-//! a waiting peer tells the members again every second, and a member's chunks of a round
-//! count as its readiness for it: a member that has begun is not waited for.
+//! bytes, and the connection may close after that. So a waiting peer tells the members
+//! again every second, and a member's chunks of a round count as its readiness for it: a
+//! member that has begun is not waited for.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
