@@ -168,9 +168,7 @@ impl RoundHost for BenchPeer {
         self.disconnected.contains(peer) || self.unready.contains(peer)
     }
     fn note_parcel(&mut self, delivery: Delivery) {
-        if let Parcel::JoinGroup(ready) = &delivery.parcel {
-            self.ready.note(delivery.from, ready.round);
-        }
+        self.ready.note_parcel(delivery.from, &delivery.parcel);
         self.mailbox.recycle(delivery.parcel.into_payload());
     }
     fn set_paused(&mut self, _: bool) {}
