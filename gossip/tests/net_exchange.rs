@@ -8,8 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel};
-use murmur_gossip::net::{NetHandle, NetInbound};
+use murmur_gossip::net::exchange::{
+    Delivery, Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel,
+};
+use murmur_gossip::net::{self, NetHandle, NetInbound};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
@@ -203,4 +205,123 @@ async fn parcels_queued_for_an_unreachable_peer_cost_one_failed_dial_not_one_eac
         "the parcels behind the first took {:?} more: each dialed again",
         all - first
     );
+}
+
+/// A peer whose network runs on a runtime of one thread of its own, as a benchmark peer's
+/// may: its connections' tasks and its network task take turns on that thread. What
+/// arrives in its mailbox is passed on; it stops when the receiver is dropped.
+fn spawn_on_one_thread(
+    authority: &Authority,
+    seed: u8,
+) -> (NetHandle, tokio::sync::mpsc::Receiver<Delivery>) {
+    let (config, identity) = authority.config(seed, InviteKind::Valid);
+    let (handle_tx, handle_rx) = std::sync::mpsc::sync_channel(1);
+    let (deliveries_tx, deliveries_rx) = tokio::sync::mpsc::channel(256);
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async move {
+            let (handle, inbound) = net::spawn(&config, identity).await.expect("network starts");
+            let mut mailbox = Mailbox::spawn(inbound.tensor_streams, MailboxConfig::default());
+            let _ = handle_tx.send(handle);
+            loop {
+                tokio::select! {
+                    () = deliveries_tx.closed() => break,
+                    Some(delivery) = mailbox.recv() => {
+                        if deliveries_tx.send(delivery).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        });
+    });
+    let handle = handle_rx
+        .recv_timeout(WAIT)
+        .expect("the one-thread peer starts");
+    (handle, deliveries_rx)
+}
+
+/// Seven peers open a stream to one peer at the same moment, round after round (each
+/// round's streams close before the next, so every round opens new ones), and each writes
+/// one parcel: every parcel arrives. The receiving peer runs on one thread, where the
+/// streams of one moment reach it together. Such streams used to be dropped unread but
+/// one, and a write that finished before the drop was reported sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_opened_at_the_same_moment_by_many_peers_all_arrive() {
+    const SENDERS: u8 = 7;
+    const ROUNDS: u64 = 6;
+    let authority = Authority::new();
+    let (hub, mut mailbox) = spawn_on_one_thread(&authority, 40);
+    let hub_id = hub.local_peer_id();
+    let mut senders = Vec::new();
+    for seed in 41..41 + SENDERS {
+        let (sender, _inbound) = authority.spawn(seed, InviteKind::Valid).await;
+        connect(&sender, &hub).await;
+        senders.push((sender, _inbound));
+    }
+    for (sender, _) in &senders {
+        eventually(
+            WAIT,
+            "the hub and a sender authorize each other",
+            || async {
+                let id = sender.local_peer_id();
+                sender.peers().await.unwrap_or_default().contains(&hub_id)
+                    && hub.peers().await.unwrap_or_default().contains(&id)
+            },
+        )
+        .await;
+    }
+    let config = OutboxConfig {
+        idle_close: Duration::from_millis(50),
+        ..OutboxConfig::default()
+    };
+    let mut outboxes: Vec<Outbox> = senders
+        .iter()
+        .map(|(sender, _)| Outbox::new(sender.clone(), config))
+        .collect();
+    let ready = |round| {
+        Parcel::JoinGroup(JoinGroup {
+            round,
+            deadline_ms: 0,
+            bandwidth_bytes_per_s: 0,
+            accepts_connections: true,
+            samples: 1,
+        })
+    };
+    for round in 0..ROUNDS {
+        for outbox in &mut outboxes {
+            outbox
+                .send(hub_id, round, ready(round))
+                .expect("room in the queue");
+        }
+        let mut from = std::collections::BTreeSet::new();
+        while from.len() < usize::from(SENDERS) {
+            let delivery = tokio::time::timeout(WAIT, mailbox.recv())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "round {round}: only {} of {SENDERS} parcels arrived",
+                        from.len()
+                    )
+                })
+                .expect("the mailbox is open");
+            assert_eq!(delivery.parcel, ready(round), "round {round}");
+            assert!(
+                from.insert(delivery.from),
+                "round {round}: one parcel per sender"
+            );
+        }
+        for outbox in &mut outboxes {
+            let report = tokio::time::timeout(WAIT, outbox.next_report())
+                .await
+                .expect("a report in time")
+                .expect("the outbox is open");
+            assert!(report.result.is_ok(), "round {round}: {:?}", report.result);
+        }
+        // Every writer closes its stream after `idle_close`: the next round opens new ones.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -1,7 +1,7 @@
 //! The network task: the one owner of the libp2p [`Swarm`].
 //!
-//! It waits on four things at once — swarm events, commands from handles, inbound tensor
-//! streams, and a periodic tick — and handles each without awaiting anything else, so a
+//! It waits on three things at once — swarm events (inbound tensor streams among them),
+//! commands from handles, and a periodic tick — and handles each without awaiting anything else, so a
 //! slow peer can never stall it. Work that waits on a peer (writing or reading a tensor
 //! stream) happens in the caller's task, on a stream the network task handed over.
 
@@ -139,11 +139,7 @@ pub(crate) struct NetActor {
 
 impl NetActor {
     /// Runs until shutdown or until every handle is dropped.
-    pub(crate) async fn run(
-        mut self,
-        mut commands: mpsc::Receiver<Command>,
-        mut incoming: libp2p_stream::IncomingStreams,
-    ) {
+    pub(crate) async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut shutdown_reply = None;
@@ -158,7 +154,6 @@ impl NetActor {
                     }
                     Some(command) => self.on_command(command),
                 },
-                Some((peer, stream)) = incoming.next() => self.on_inbound_stream(peer, stream),
                 _ = tick.tick() => self.on_tick(),
             }
         }
@@ -300,7 +295,7 @@ impl NetActor {
     }
 
     /// Hands an inbound tensor stream to the application, or drops it unread.
-    fn on_inbound_stream(&mut self, peer: libp2p::PeerId, stream: libp2p::Stream) {
+    pub(crate) fn on_inbound_stream(&mut self, peer: libp2p::PeerId, stream: libp2p::Stream) {
         let metrics = &self.ctx.metrics;
         let Some(state) = self.peers.get(&peer) else {
             metrics.tensor_stream_refused_unauthorized();

@@ -9,7 +9,8 @@
 //! | gossipsub | topic `murmur/<swarm>/heartbeat` | signed heartbeats, validated before relay |
 //! | mDNS (optional) | — | discovery on a LAN |
 //! | request-response | `/murmur/<swarm>/control/1` | the auth hello and control messages |
-//! | libp2p-stream | `/murmur/<swarm>/tensor/1` | tensor streams, backpressured by QUIC flow control |
+//! | libp2p-stream | `/murmur/<swarm>/tensor/1` (outbound) | opens tensor streams, backpressured by QUIC flow control |
+//! | [`TensorInbound`] | `/murmur/<swarm>/tensor/1` (inbound) | takes tensor streams without dropping any |
 //!
 //! Kademlia inserts peers into its routing table only when told: the network task adds a
 //! peer once its invite has verified, so an unauthorized peer is never handed out to others.
@@ -25,6 +26,7 @@ use libp2p_connection_limits::ConnectionLimits;
 use super::config::ValidConfig;
 use super::control::ControlCodec;
 use super::error::NetError;
+use super::tensor_inbound::TensorInbound;
 
 /// Gossip messages are heartbeats of well under a kilobyte; anything larger is refused at the
 /// transport.
@@ -41,6 +43,7 @@ pub(crate) struct MurmurBehaviour {
     pub(crate) mdns: Toggle<mdns::tokio::Behaviour>,
     pub(crate) control: request_response::Behaviour<ControlCodec>,
     pub(crate) streams: libp2p_stream::Behaviour,
+    pub(crate) tensor: TensorInbound,
 }
 
 impl MurmurBehaviour {
@@ -124,6 +127,7 @@ impl MurmurBehaviour {
             mdns: Toggle::from(mdns),
             control,
             streams: libp2p_stream::Behaviour::new(),
+            tensor: TensorInbound::new(config.tensor_protocol()),
         })
     }
 }

@@ -11,7 +11,9 @@
 //! The swarm runs QUIC (libp2p-quic) with TCP + noise + yamux as a fallback, identify,
 //! ping, Kademlia under `/murmur/<swarm>/kad/1.0.0`, mDNS when enabled, gossipsub on
 //! `murmur/<swarm>/heartbeat`, request-response on `/murmur/<swarm>/control/1`, and
-//! libp2p-stream on `/murmur/<swarm>/tensor/1`.
+//! tensor streams on `/murmur/<swarm>/tensor/1`: opened through libp2p-stream, taken in by
+//! murmur's own behaviour (the `tensor_inbound` module), which drops none of those that
+//! arrive together.
 //!
 //! # Authorization
 //!
@@ -61,6 +63,7 @@ mod identity;
 mod metrics;
 mod rate_limit;
 mod swarm_events;
+mod tensor_inbound;
 mod tensor_stream;
 
 use std::collections::{HashMap, HashSet};
@@ -167,10 +170,8 @@ pub async fn spawn(
         .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
         .build();
 
-    let mut streams = swarm.behaviour().streams.new_control();
-    let incoming = streams
-        .accept(config.tensor_protocol())
-        .map_err(|e| NetError::Transport(format!("tensor protocol: {e}")))?;
+    // Outbound tensor streams only: inbound ones come through `TensorInbound`.
+    let streams = swarm.behaviour().streams.new_control();
 
     let mut listeners = HashMap::new();
     for addr in &config.listen_addrs {
@@ -278,7 +279,7 @@ pub async fn spawn(
         ctx,
         config,
     );
-    tokio::spawn(actor.run(commands_rx, incoming));
+    tokio::spawn(actor.run(commands_rx));
     Ok((
         handle,
         NetInbound {

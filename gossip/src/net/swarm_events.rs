@@ -17,6 +17,7 @@ use super::control::ControlFrame;
 use super::error::NetError;
 use super::handle::{InboundControl, unix_now};
 use super::identity::{from_libp2p, to_libp2p};
+use super::tensor_inbound::TensorInboundEvent;
 
 type ControlEvent = request_response::Event<ControlFrame, ControlFrame>;
 
@@ -154,6 +155,13 @@ impl NetActor {
                         tracing::debug!(%peer, error = %e, "dialing an mdns peer failed");
                     }
                 }
+            }
+            MurmurBehaviourEvent::Tensor(TensorInboundEvent::Stream { peer, stream }) => {
+                self.on_inbound_stream(peer, stream);
+            }
+            MurmurBehaviourEvent::Tensor(TensorInboundEvent::Overflow { peer }) => {
+                self.ctx.metrics.tensor_stream_refused_limit();
+                tracing::warn!(%peer, "too many inbound tensor streams waiting; one dropped unread");
             }
             MurmurBehaviourEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
                 tracing::debug!(%peer, "dht routing table updated");
