@@ -1,9 +1,9 @@
 //! The network task: the one owner of the libp2p [`Swarm`].
 //!
 //! It waits on three things at once — swarm events (inbound tensor streams among them),
-//! commands from handles, and a periodic tick — and handles each without awaiting anything else, so a
-//! slow peer can never stall it. Work that waits on a peer (writing or reading a tensor
-//! stream) happens in the caller's task, on a stream the network task handed over.
+//! commands from handles, and a periodic tick — and handles each without awaiting anything
+//! else, so a slow peer can never stall it. Work that waits on a peer (writing or reading a
+//! tensor stream) happens in the caller's task, on a stream the network task handed over.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -119,7 +119,13 @@ impl BenchPeer {
                 Some(report) = self.outbox.next_report() => {
                     if let Err(e) = &report.result {
                         let readiness = report.tag == READY_TAG;
-                        tracing::debug!(peer = %report.to, round, readiness, error = %e, "not sent while waiting for a round's start");
+                        tracing::debug!(
+                            peer = %report.to,
+                            round,
+                            readiness,
+                            error = %e,
+                            "not sent while waiting for a round's start"
+                        );
                     }
                     self.mailbox.recycle(report.parcel.into_payload());
                 }
