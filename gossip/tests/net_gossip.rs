@@ -355,3 +355,42 @@ fn a_peer_restarted_under_its_key_hears_the_swarm_before_the_stale_connection_ti
         }
     });
 }
+
+/// A burst of heartbeats all arrive, and the gossip stream that carried them stays up.
+/// Several small messages read at once used to be checked as one against the per-message
+/// bound: the reader took the buffer for an oversized message and closed the stream, and
+/// after five such closes gossipsub gave up on the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_heartbeats_arrives_whole() {
+    const BURST: u64 = 64;
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(2, InviteKind::Valid).await;
+    connect(&b, &a).await;
+    assert!(
+        heartbeat_arrives(&b, &a, Duration::from_secs(10)).await,
+        "a first heartbeat arrives"
+    );
+    let mut events = a.subscribe();
+    let first = 1_000_000;
+    for step in first..first + BURST {
+        b.publish_heartbeat(&body(step)).await.expect("published");
+    }
+    let mut heard = std::collections::BTreeSet::new();
+    let all = tokio::time::timeout(Duration::from_secs(10), async {
+        while heard.len() < BURST as usize {
+            match events.recv().await {
+                Ok(NetEvent::Heartbeat { body, .. }) if body.step >= first => {
+                    heard.insert(body.step);
+                }
+                Ok(_) => {}
+                Err(e) => panic!("a's events: {e}"),
+            }
+        }
+    })
+    .await;
+    assert!(all.is_ok(), "{} of {BURST} heartbeats arrived", heard.len());
+    for h in [a, b] {
+        h.shutdown().await.expect("shutdown");
+    }
+}

@@ -32,6 +32,14 @@ use super::tensor_inbound::TensorInbound;
 /// transport.
 const MAX_GOSSIP_MESSAGE: usize = 4096;
 
+/// The most bytes one gossipsub read may hold. libp2p-gossipsub checks its whole read
+/// buffer, which can hold several small messages at once, against this bound, and closes
+/// the stream when it is over: at `MAX_GOSSIP_MESSAGE` a burst of heartbeats read together
+/// (8 KiB) closed the stream, and after five closes gossipsub gave up on the connection.
+/// Each message is still held to `MAX_GOSSIP_MESSAGE`, per topic, and control messages to
+/// gossipsub's own bound.
+const MAX_GOSSIP_READ: usize = 65536;
+
 /// Every behaviour of a murmur peer.
 #[derive(NetworkBehaviour)]
 pub(crate) struct MurmurBehaviour {
@@ -83,11 +91,13 @@ impl MurmurBehaviour {
         // would stay a client and answer nobody: every murmur peer serves the DHT.
         kad.set_mode(Some(kad::Mode::Server));
 
+        let heartbeats = gossipsub::IdentTopic::new(config.heartbeat_topic());
         let gossip_config = gossipsub::ConfigBuilder::default()
             .heartbeat_interval(ValidConfig::ms(raw.gossip_mesh_interval_ms))
             .validation_mode(gossipsub::ValidationMode::Strict)
             .validate_messages()
-            .max_transmit_size(MAX_GOSSIP_MESSAGE)
+            .max_transmit_size(MAX_GOSSIP_READ)
+            .max_transmit_size_for_topic(MAX_GOSSIP_MESSAGE, heartbeats.hash())
             .build()
             .map_err(|e| NetError::Transport(format!("gossipsub config: {e}")))?;
         let mut gossipsub = gossipsub::Behaviour::new(
@@ -96,7 +106,7 @@ impl MurmurBehaviour {
         )
         .map_err(|e| NetError::Transport(format!("gossipsub: {e}")))?;
         gossipsub
-            .subscribe(&gossipsub::IdentTopic::new(config.heartbeat_topic()))
+            .subscribe(&heartbeats)
             .map_err(|e| NetError::Transport(format!("gossipsub subscribe: {e}")))?;
 
         let mdns = if raw.mdns {
