@@ -156,12 +156,8 @@ impl NetActor {
                     }
                 }
             }
-            MurmurBehaviourEvent::Tensor(TensorInboundEvent::Stream { peer, stream }) => {
+            MurmurBehaviourEvent::Tensor(TensorInboundEvent { peer, stream }) => {
                 self.on_inbound_stream(peer, stream);
-            }
-            MurmurBehaviourEvent::Tensor(TensorInboundEvent::Overflow { peer }) => {
-                self.ctx.metrics.tensor_stream_refused_limit();
-                tracing::warn!(%peer, "too many inbound tensor streams waiting; one dropped unread");
             }
             MurmurBehaviourEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
                 tracing::debug!(%peer, "dht routing table updated");

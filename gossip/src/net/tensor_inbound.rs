@@ -24,26 +24,20 @@ use libp2p::swarm::{
 };
 use libp2p::{PeerId, Stream, StreamProtocol};
 
-/// Inbound streams waiting for the network task, all connections together. The QUIC
-/// stream limit per connection bounds what can arrive at once; this bound only guards
-/// against a network task that stopped taking them.
-const MAX_WAITING: usize = 1024;
-
-/// An inbound stream of the tensor protocol from `peer`, or one dropped because too many
-/// were waiting.
+/// An inbound stream of the tensor protocol from `peer`, to read.
 #[derive(Debug)]
-pub(crate) enum TensorInboundEvent {
-    /// A stream to read.
-    Stream { peer: PeerId, stream: Stream },
-    /// A stream from `peer` dropped unread: `MAX_WAITING` were already waiting.
-    Overflow { peer: PeerId },
+pub(crate) struct TensorInboundEvent {
+    pub(crate) peer: PeerId,
+    pub(crate) stream: Stream,
 }
 
 /// Accepts the tensor protocol's inbound streams on every connection.
 pub(crate) struct TensorInbound {
     protocol: StreamProtocol,
+    /// Streams not yet handed to the network task. The swarm polls its behaviours after
+    /// each connection event and returns the first event they give before it takes the
+    /// next connection event, so at most one stream waits here.
     waiting: VecDeque<(PeerId, Stream)>,
-    overflowed: VecDeque<PeerId>,
 }
 
 impl TensorInbound {
@@ -52,7 +46,6 @@ impl TensorInbound {
         TensorInbound {
             protocol,
             waiting: VecDeque::new(),
-            overflowed: VecDeque::new(),
         }
     }
 
@@ -97,27 +90,13 @@ impl NetworkBehaviour for TensorInbound {
         _: ConnectionId,
         stream: THandlerOutEvent<Self>,
     ) {
-        if self.waiting.len() >= MAX_WAITING {
-            // Dropping the stream stops it: the sender's writes fail.
-            drop(stream);
-            self.overflowed.push_back(peer);
-        } else {
-            self.waiting.push_back((peer, stream));
-        }
+        self.waiting.push_back((peer, stream));
     }
 
     fn poll(&mut self, _: &mut Context<'_>) -> Poll<ToSwarm<Self::ToSwarm, THandlerInEvent<Self>>> {
-        if let Some(peer) = self.overflowed.pop_front() {
-            return Poll::Ready(ToSwarm::GenerateEvent(TensorInboundEvent::Overflow {
-                peer,
-            }));
-        }
         match self.waiting.pop_front() {
             Some((peer, stream)) => {
-                Poll::Ready(ToSwarm::GenerateEvent(TensorInboundEvent::Stream {
-                    peer,
-                    stream,
-                }))
+                Poll::Ready(ToSwarm::GenerateEvent(TensorInboundEvent { peer, stream }))
             }
             None => Poll::Pending,
         }
