@@ -1,6 +1,7 @@
 //! The command line.
 
 use clap::{Args, Parser, Subcommand};
+use murmur_protocol::message::{AveragingMode, UnknownMode};
 
 /// murmur: decentralized peer-to-peer training.
 #[derive(Debug, Parser)]
@@ -93,6 +94,42 @@ pub(crate) enum BenchCommand {
     /// What the run loop's metric and status updates cost per training step, against the
     /// same calls with metrics disabled and against a real step of the default task.
     Metrics(MetricsBenchArgs),
+    /// One peer's training speed on one device (tokens per second of full local steps of
+    /// the built-in GPT at a chosen size): run with `--device cuda` and with `--device cpu`
+    /// to compare a GPU with one CPU core.
+    Train(TrainBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TrainBenchArgs {
+    /// Where the forward and backward passes run: `cpu`, or `cuda` for GPU 0 (needs a
+    /// murmur built with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = BenchDevice::Cpu)]
+    pub(crate) device: BenchDevice,
+    /// candle's CPU threads (`1` = one core, for the per-core comparison).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// Transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) layers: usize,
+    /// Embedding width.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) width: usize,
+    /// Attention heads (must divide the width).
+    #[arg(long, default_value_t = 8)]
+    pub(crate) heads: usize,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) context: usize,
+    /// Sequences per step.
+    #[arg(long, default_value_t = 16)]
+    pub(crate) batch: usize,
+    /// Timed steps (one more runs first, untimed); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) steps: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -150,10 +187,10 @@ pub(crate) struct CodecsArgs {
     pub(crate) device: BenchDevice,
 }
 
-/// Where `bench codecs` runs.
+/// Where `bench codecs` and `bench train` run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum BenchDevice {
-    /// One CPU thread.
+    /// The CPU: one thread for `bench codecs`, `--threads` for `bench train`.
     Cpu,
     /// The first CUDA device.
     Cuda,
@@ -237,15 +274,13 @@ pub(crate) enum ConfigCommand {
     },
 }
 
-/// The collective `bench allreduce` measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum AllreduceAlgo {
-    /// Butterfly all-reduce: one part per member, reduced by that member.
-    Butterfly,
-    /// Synchronous ring all-reduce.
-    Ring,
-    /// Push-sum gossip; a round is log2(N) push steps.
-    Sgp,
+/// A `--mode` or `--algo` value: an averaging mode by its config name (`ring` is taken for
+/// `sync-ring`, as benchmarks have long spelled it).
+pub(crate) fn parse_mode(text: &str) -> Result<AveragingMode, String> {
+    match text {
+        "ring" => Ok(AveragingMode::SyncRing),
+        _ => text.parse().map_err(|e: UnknownMode| e.to_string()),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -260,9 +295,10 @@ pub(crate) struct AllreduceArgs {
     /// the other in the same run and are compared.
     #[arg(long, default_value = "f32")]
     pub(crate) codec: String,
-    /// The collective.
-    #[arg(long, value_enum, default_value_t = AllreduceAlgo::Butterfly)]
-    pub(crate) algo: AllreduceAlgo,
+    /// The collective: `butterfly`, `sync-ring` (or `ring`) or `sgp` (push-sum gossip; a
+    /// round is log2(N) push steps).
+    #[arg(long, default_value = "butterfly", value_parser = parse_mode)]
+    pub(crate) algo: AveragingMode,
     /// Rounds; medians are reported.
     #[arg(long, default_value_t = 5)]
     pub(crate) rounds: u64,
@@ -295,10 +331,15 @@ pub(crate) struct AllreduceArgs {
     /// 10 MB and 15 MB): how far a sender's writes may run ahead of what has arrived.
     #[arg(long, value_name = "BYTES")]
     pub(crate) quic_receive_window: Option<u32>,
-    /// Butterfly and ring: each peer begins a round as soon as its last one ended, instead
-    /// of once every peer has said it is ready for it.
-    #[arg(long)]
-    pub(crate) free_start: bool,
+    /// How butterfly parts are sized: `bandwidth` (by the upload each member declares and
+    /// measures, as in training) or `equal`; several, comma-separated, run one after the
+    /// other in the same run and are compared.
+    #[arg(long, default_value = "bandwidth", value_name = "LIST")]
+    pub(crate) parts: String,
+    /// Each peer's upload cap in bytes per second (`[volunteer] max_upload_bytes_per_s`),
+    /// one per peer in order, comma-separated; 0 = none. Default: no caps.
+    #[arg(long, value_name = "LIST")]
+    pub(crate) upload_caps: Option<String>,
     /// Keep the peers' folder (configs, keys, logs) after a run that succeeded; one that
     /// failed always keeps it and says where.
     #[arg(long)]
@@ -325,15 +366,16 @@ pub(crate) struct AllreducePeerArgs {
     #[arg(long)]
     pub(crate) elements: usize,
     /// The collective.
-    #[arg(long, value_enum)]
-    pub(crate) algo: AllreduceAlgo,
+    #[arg(long, value_parser = parse_mode)]
+    pub(crate) algo: AveragingMode,
     /// Rounds.
     #[arg(long)]
     pub(crate) rounds: u64,
     /// Begin each round as soon as the last one ended here, without waiting until every
     /// peer is ready for it.
+    /// Size butterfly parts equally instead of by bandwidth.
     #[arg(long)]
-    pub(crate) free_start: bool,
+    pub(crate) equal_parts: bool,
     /// Runtime threads: 1 runs everything on one thread.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=64))]
     pub(crate) threads: u8,

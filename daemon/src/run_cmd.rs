@@ -1,12 +1,11 @@
-//! `murmur run --config FILE`: load the config, then run the peer.
+//! `murmur run --config FILE`: load the config, open the training device, then run the peer.
 
 use std::path::Path;
-use std::time::Duration;
 
 use crate::config::{self, LoadedConfig};
 use crate::input_error::BadInput;
 use crate::observe;
-use crate::run::{self, LocalSgdSettings, RunSettings};
+use crate::run::{self, RunSettings, TrainingDevice};
 
 /// Loads `path` (a bad config exits 2) and runs the peer it describes.
 pub(crate) fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
@@ -21,26 +20,21 @@ pub(crate) fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
         // SAFETY: `main` calls this before anything has started a thread.
         unsafe { murmur_trainer::set_cpu_threads(threads) };
     }
-    run::run(settings(loaded, progress))
+    // Before the network starts: a GPU the config demands but cannot have exits 2 here.
+    let device = run::open_device(loaded.training.device).map_err(BadInput::from)?;
+    run::run(settings(loaded, device, progress))
 }
 
-fn settings(c: LoadedConfig, progress: bool) -> RunSettings {
+fn settings(c: LoadedConfig, device: TrainingDevice, progress: bool) -> RunSettings {
     RunSettings {
         keypair: c.keypair,
         swarm_id: c.swarm.to_string(),
         net: c.net,
         task: c.task,
-        mode: wire_mode(c.averaging.mode),
+        device,
+        mode: c.averaging.mode,
         codec: c.averaging.codec,
-        sgp: c.averaging.sgp,
-        butterfly: c.averaging.butterfly,
-        local_sgd: LocalSgdSettings {
-            local_steps: u64::from(c.averaging.local_sgd.local_steps),
-            outer_lr: c.averaging.local_sgd.outer_lr,
-            outer_momentum: c.averaging.local_sgd.outer_momentum,
-        },
-        ring_timeout: Duration::from_millis(c.averaging.ring.timeout_ms),
-        target_batch: c.averaging.target_batch,
+        error_feedback: c.averaging.error_feedback,
         heartbeat_interval: c.averaging.heartbeat_interval,
         steps: c.training.steps,
         eval_every: c.training.eval_every_steps,
@@ -54,16 +48,5 @@ fn settings(c: LoadedConfig, progress: bool) -> RunSettings {
         checkpoint_keep: c.checkpoint.keep,
         progress,
         metrics_listen: c.metrics_listen,
-    }
-}
-
-/// The config's mode as the heartbeat names it.
-fn wire_mode(mode: config::AveragingMode) -> murmur_protocol::message::AveragingMode {
-    use murmur_protocol::message::AveragingMode as Wire;
-    match mode {
-        config::AveragingMode::Sgp => Wire::Sgp,
-        config::AveragingMode::Butterfly => Wire::Butterfly,
-        config::AveragingMode::LocalSgd => Wire::LocalSgd,
-        config::AveragingMode::SyncRing => Wire::SyncRing,
     }
 }

@@ -188,8 +188,8 @@ pub(crate) fn render(r: &StatusReport) -> String {
     let _ = writeln!(out, "peer      {}", r.peer_id);
     let _ = writeln!(
         out,
-        "swarm     {}   mode {}   codec {}",
-        r.swarm, r.mode, r.codec
+        "swarm     {}   mode {}   codec {}   device {}",
+        r.swarm, r.mode, r.codec, r.device
     );
     let _ = writeln!(out, "state     {state}   up {}", duration(r.uptime_s));
     let _ = writeln!(
@@ -288,6 +288,7 @@ mod tests {
             swarm: "tiny-lm".to_owned(),
             mode: "sgp".to_owned(),
             codec: "int8".to_owned(),
+            device: "cuda:0".to_owned(),
             step: 1200,
             samples: 38_400,
             loss: Some(2.25),
@@ -326,7 +327,7 @@ mod tests {
         let text = render(&report());
         for expected in [
             "peer      12D3KooWself",
-            "mode sgp   codec int8",
+            "mode sgp   codec int8   device cuda:0",
             "state     paused   up 1h02m",
             "step      1200   samples 38400   loss 2.2500   eval loss -",
             "sent 3.0 MiB   received 512 B",

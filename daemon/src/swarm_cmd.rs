@@ -210,7 +210,7 @@ fn summary(loaded: &LoadedConfig) -> String {
         loaded.peer_id,
         loaded.swarm,
         loaded.authority,
-        loaded.averaging.mode.name(),
+        loaded.averaging.mode.mode().name(),
         loaded.averaging.codec,
         match loaded.training.steps {
             0 => "unlimited".to_owned(),

@@ -224,6 +224,18 @@ fn an_out_of_range_value_exits_2_naming_key_value_and_line() {
     w.check_fails_at(line, "averaging.sgp.out_degree = 0: ");
 }
 
+/// `config check` refuses a GPU that this build cannot train on, before any peer starts.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn a_gpu_device_on_a_build_without_cuda_exits_2_naming_key_and_line() {
+    let w = Workflow::new();
+    let line = w.edit_line("device = \"auto\"", "device = \"cuda\"");
+    w.check_fails_at(
+        line,
+        "training.device = \"cuda\": this murmur was built without CUDA",
+    );
+}
+
 #[test]
 fn a_missing_config_exits_2_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();

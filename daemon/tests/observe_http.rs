@@ -17,6 +17,7 @@ const STATUS: &str = r#"{
   "swarm": "tiny-lm",
   "mode": "butterfly",
   "codec": "int8",
+  "device": "cuda:0",
   "step": 1234,
   "samples": 39488,
   "loss": 2.5,
@@ -137,7 +138,7 @@ fn status_prints_what_the_daemon_reports() {
     let stdout = text(&out.stdout);
     for expected in [
         "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN",
-        "mode butterfly   codec int8",
+        "mode butterfly   codec int8   device cuda:0",
         "paused",
         "step      1234",
         "loss 2.5000",

@@ -24,13 +24,16 @@
 //! peer ids onto the same trait.
 
 pub mod butterfly;
+pub mod engine;
 pub mod net;
 pub mod ring;
 pub mod sgp;
 pub mod sim;
 
+mod parcel;
 mod peer;
 mod time;
 
+pub use parcel::{Parcel, ParcelError};
 pub use peer::PeerKey;
 pub use time::Time;

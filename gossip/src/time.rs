@@ -38,6 +38,22 @@ impl Time {
         self.0
     }
 
+    /// The point `millis` milliseconds after the epoch.
+    pub const fn from_millis(millis: u64) -> Time {
+        Time(millis.saturating_mul(1_000_000))
+    }
+
+    /// Whole milliseconds since the epoch, rounded down.
+    pub const fn as_millis(self) -> u64 {
+        self.0 / 1_000_000
+    }
+
+    /// This point rounded up to a whole millisecond, so that it converts to a wall clock
+    /// counted in milliseconds and back without changing.
+    pub const fn ceil_millis(self) -> Time {
+        Time(self.0.div_ceil(1_000_000).saturating_mul(1_000_000))
+    }
+
     /// Seconds since the epoch.
     pub fn as_secs_f64(self) -> f64 {
         self.0 as f64 * 1e-9

@@ -27,6 +27,8 @@ fn config() -> ButterflyConfig {
         chunks_in_flight: 4,
         chunk_timeout_ms: 40,
         reducer_timeout_ms: 60,
+        // Arbitrary weights, each counted as declared: the exact weighted mean is checked.
+        max_weight_ratio: 0.0,
         ..ButterflyConfig::default()
     }
 }

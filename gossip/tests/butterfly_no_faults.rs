@@ -32,6 +32,8 @@ fn config() -> ButterflyConfig {
         chunks_in_flight: 4,
         chunk_timeout_ms: 200,
         reducer_timeout_ms: 300,
+        // Arbitrary weights, each counted as declared: the exact weighted mean is checked.
+        max_weight_ratio: 0.0,
         ..ButterflyConfig::default()
     }
 }

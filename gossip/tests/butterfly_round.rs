@@ -405,3 +405,51 @@ fn averages_do_not_run_ahead_of_the_part_chunks_to_the_same_member() {
         "order {order}"
     );
 }
+
+/// A member that declares 1000 times the others' samples counts only `max_weight_ratio`
+/// times the median declared weight at every honest reducer: their parts average with its
+/// weight at the bound. (Its own part is its own to reduce: a reducer's honesty is not
+/// something a weight bound can give.)
+#[test]
+fn an_inflated_weight_counts_only_up_to_the_bound() {
+    let n = 3;
+    let weights = [1.0f32, 1.0, 1000.0];
+    let partition = Partition::equal(LEN, n, CHUNK as usize).expect("valid");
+    let group = Group::new(1, 42, (0..n as u32).collect(), partition).expect("valid");
+    let config = config();
+    let mut rounds: Vec<ButterflyRound<u32>> = (0..n)
+        .map(|i| {
+            ButterflyRound::new(
+                i as u32,
+                group.clone(),
+                local(i),
+                weights[i],
+                CodecSpec::F32,
+                &config,
+                Time::ZERO,
+            )
+            .expect("valid round")
+        })
+        .collect();
+    exchange(&mut rounds, None);
+    let bound = config.max_weight_ratio;
+    assert_eq!(bound, 4.0, "the default bound");
+    let counted = [1.0f64, 1.0, f64::from(bound)];
+    let total: f64 = counted.iter().sum();
+    let honest_parts = 0..group.partition().range(2).start;
+    for (m, round) in rounds.iter().enumerate() {
+        assert!(round.is_finished(), "member {m}");
+        for (e, &got) in round.result()[honest_parts.clone()].iter().enumerate() {
+            let want: f64 = (0..n)
+                .map(|i| counted[i] * f64::from(local(i)[e]))
+                .sum::<f64>()
+                / total;
+            assert!(
+                (f64::from(got) - want).abs() < 1e-4 * want.abs().max(1.0),
+                "member {m} element {e}: {got} vs {want}"
+            );
+        }
+    }
+    let capped: u64 = rounds.iter().map(|r| r.stats().weights_capped).sum();
+    assert_eq!(capped, 2, "both honest reducers cut the inflated weight");
+}

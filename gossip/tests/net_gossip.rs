@@ -24,6 +24,8 @@ fn body(step: u64) -> HeartbeatBody {
         download_bytes_per_s: 20_000_000,
         mode: AveragingMode::Butterfly,
         samples_accumulated: 4096,
+        looking_round: 0,
+        looking_until_ms: 0,
     }
 }
 
@@ -35,8 +37,17 @@ async fn a_heartbeat_reaches_the_other_peers_with_its_signer_verified() {
     let (c, _c_in) = authority.spawn(3, InviteKind::Valid).await;
     connect(&b, &a).await;
     connect(&c, &a).await;
-    // b publishes; a hears it directly, c through a (or directly, once the DHT has
-    // introduced them): either way the signer, not the forwarder, is reported.
+    // A heartbeat counts only once its signer has proved its invite to the receiver, so c
+    // waits until the DHT has introduced it to b. Then b publishes; a hears it directly, c
+    // through a or directly: either way the signer, not the forwarder, is reported.
+    let b_id = b.local_peer_id();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !c.peers().await.unwrap_or_default().contains(&b_id) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the DHT introduces c to b");
     let mut a_events = a.subscribe();
     let mut c_events = c.subscribe();
 

@@ -1,8 +1,8 @@
 //! The CUDA backend against the CPU reference, bit for bit: the same conformance checks
 //! the CPU backend passes, then the shared adversarial vectors, corrupted parts, and parts
-//! larger than the staging buffers. Needs a GPU; see `cuda_support` for what happens
-//! without one. Run on a GPU host with
-//! `MURMUR_REQUIRE_GPU=1 cargo test -p murmur-gpu --release --test cuda_backend`.
+//! larger than the staging buffers. Every test needs a GPU, so each is ignored unless asked
+//! for (see `cuda_support`). Run on a GPU host with
+//! `cargo nextest run -p murmur-gpu --release --test cuda_backend --run-ignored all`.
 
 mod conformance;
 mod cuda_support;
@@ -33,8 +33,7 @@ fn for_all<S: Strategy>(
 ) where
     S::Value: Debug,
 {
-    let Some(backend) = backend() else { return };
-    let backend = RefCell::new(backend);
+    let backend = RefCell::new(backend());
     let mut runner = TestRunner::new(Config::with_cases(cases));
     if let Err(e) = runner.run(&strategy, |value| check(&mut backend.borrow_mut(), value)) {
         panic!("{e}");
@@ -42,6 +41,7 @@ fn for_all<S: Strategy>(
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn encode_equals_codec() {
     for_all(256, (any_spec(), any_layout(MAX_PART)), |b, (spec, src)| {
         encode_matches_reference(b, spec, &src)
@@ -49,6 +49,7 @@ fn encode_equals_codec() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn decode_accumulate_equals_codec() {
     let strategy = (any_spec(), layout_with_source(), any_factor());
     for_all(256, strategy, |b, (spec, (acc, sent, _), weight)| {
@@ -57,6 +58,7 @@ fn decode_accumulate_equals_codec() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn decode_equals_codec() {
     for_all(
         128,
@@ -66,6 +68,7 @@ fn decode_equals_codec() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn feedback_equals_error_feedback() {
     let sends = prop::collection::vec(prop::collection::vec(any_element(), MAX_PART), 1..4);
     for_all(
@@ -76,6 +79,7 @@ fn feedback_equals_error_feedback() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn mixing_equals_scalar_formulas() {
     for_all(
         128,
@@ -94,6 +98,7 @@ fn mixing_equals_scalar_formulas() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn moves_touch_only_the_range() {
     for_all(
         128,
@@ -103,6 +108,7 @@ fn moves_touch_only_the_range() {
 }
 
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn bad_requests_are_refused() {
     for_all(64, any_layout(MAX_PART), |b, layout| {
         bad_requests_change_nothing(b, &layout)
@@ -151,8 +157,9 @@ fn compare_decode(
 /// several weights, and three sends with error feedback give the CPU's bytes, values and
 /// errors exactly.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn shared_vectors_are_byte_identical() {
-    let Some(mut gpu) = backend() else { return };
+    let mut gpu = backend();
     let mut cpu = CpuBackend::new();
     for vector in vectors::all() {
         let x = &vector.values;
@@ -218,8 +225,9 @@ fn shared_vectors_are_byte_identical() {
 /// Parts damaged the ways a faulty or hostile peer could damage them are rejected with the
 /// CPU's error and leave the accumulator untouched.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn corrupted_parts_are_rejected_like_the_cpu() {
-    let Some(mut gpu) = backend() else { return };
+    let mut gpu = backend();
     let x: Vec<f32> = (0..1001)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0)
         .collect();
@@ -297,8 +305,9 @@ fn corrupted_parts_are_rejected_like_the_cpu() {
 /// and downloads round-trip, and every device codec still gives the reference's bytes and
 /// sums.
 #[test]
+#[ignore = "needs a CUDA GPU: scripts/gpu-check.sh runs it"]
 fn large_parts_cross_staging_boundaries() {
-    let Some(mut gpu) = backend() else { return };
+    let mut gpu = backend();
     let n = 3_000_017;
     let values: Vec<f32> = (0..n + 5)
         .map(|i| ((i as u64 * 2_654_435_761 % 1_000_003) as f32 - 500_000.0) * 1e-6)

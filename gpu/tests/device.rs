@@ -1,4 +1,8 @@
 //! Device detection never panics and reports what this host really has.
+//!
+//! These tests hold on hosts with and without a GPU, so they run everywhere. With
+//! `MURMUR_REQUIRE_GPU=1` (set by `scripts/gpu-check.sh`) a report of "no GPU" fails them
+//! instead: on a GPU host, that report would be a fallback.
 
 use murmur_gpu::{CudaUnavailable, DeviceReport, detect, detect_ordinal};
 
@@ -15,11 +19,20 @@ fn driver_library_present() -> bool {
     true
 }
 
+/// Whether this run must find a GPU (`MURMUR_REQUIRE_GPU=1`).
+fn gpu_required() -> bool {
+    std::env::var("MURMUR_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
 /// Without a driver library the report is CPU with that reason; with one, it is whatever
 /// the driver says, and either way nothing panics and the answer is stable.
 #[test]
 fn report_matches_the_driver_library() {
     let report = detect();
+    assert!(
+        report.is_cuda() || !gpu_required(),
+        "MURMUR_REQUIRE_GPU=1 but detection reports {report}"
+    );
     if driver_library_present() {
         assert!(
             !matches!(
@@ -60,7 +73,10 @@ fn absent_ordinal_is_a_cpu_report() {
             assert_eq!(ordinal, usize::MAX);
             assert!(count > 0);
         }
-        DeviceReport::Cpu { .. } => {}
+        DeviceReport::Cpu { reason } => assert!(
+            !gpu_required(),
+            "MURMUR_REQUIRE_GPU=1 but detection found no GPU at all: {reason}"
+        ),
         DeviceReport::Cuda(device) => panic!("ordinal usize::MAX reported as {device}"),
     }
 }

@@ -62,7 +62,7 @@ fn open_cuda(ordinal: usize) -> Result<Device, DeviceError> {
         Ok(Ok(device)) => Ok(device),
         Ok(Err(error)) => Err(DeviceError::Open {
             ordinal,
-            message: error.to_string(),
+            message: without_backtrace(error).to_string(),
         }),
         Err(payload) => Err(DeviceError::Open {
             ordinal,
@@ -74,6 +74,16 @@ fn open_cuda(ordinal: usize) -> Result<Device, DeviceError> {
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(ordinal: usize) -> Result<Device, DeviceError> {
     Err(DeviceError::NotBuilt { ordinal })
+}
+
+/// candle's error without the backtrace candle attaches when `RUST_BACKTRACE` is set: the
+/// reason goes into one log line or exit message.
+#[cfg(feature = "cuda")]
+fn without_backtrace(mut error: candle_core::Error) -> candle_core::Error {
+    while let candle_core::Error::WithBacktrace { inner, .. } = error {
+        error = *inner;
+    }
+    error
 }
 
 /// The text of a caught panic, for the fallback reason.

@@ -1,7 +1,7 @@
 //! Learning-rate schedule: linear warm-up, then cosine decay to a floor (Loshchilov and Hutter,
 //! 2017), optionally scaled linearly with the swarm's batch (Goyal et al. 2017).
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
@@ -10,7 +10,7 @@ fn default_min_lr_ratio() -> f32 {
 }
 
 /// The `[schedule]` section.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
     /// Peak learning rate, reached at the end of warm-up (before batch scaling).

@@ -1,6 +1,6 @@
 //! A training task: model, data, optimizer and schedule from one config, plus the presets.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::batch::Batch;
 use crate::data::{
@@ -12,7 +12,7 @@ use crate::optim::{Optimizer, OptimizerConfig};
 use crate::schedule::{LrSchedule, ScheduleConfig};
 
 /// The trainer's part of a swarm config: `[model]`, `[data]`, `[optimizer]`, `[schedule]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskConfig {
     /// The model.

@@ -28,10 +28,12 @@ use murmur_gossip::net::bench::{StreamBenchConfig, stream_throughput};
 use murmur_protocol::codec::CodecSpec;
 use serde_json::{Value, json};
 
-use crate::cli::{AllreduceAlgo, AllreduceArgs};
+use murmur_protocol::message::AveragingMode;
+
+use crate::cli::AllreduceArgs;
 use crate::hosts::Hosts;
 use crate::input_error::BadInput;
-use crate::local::{LocalAveragingMode, LocalPlan, SwarmDir};
+use crate::local::{LocalPlan, SwarmDir};
 
 /// How long a peer may stay silent (no line) before the benchmark gives up.
 const SILENCE_BOUND: Duration = Duration::from_secs(180);
@@ -93,15 +95,15 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         ))
         .into());
     }
-    let tables = ConfigTables {
-        net: net_lines(args)?,
-        butterfly: butterfly_timeouts(args)?,
-    };
-    let mut codecs = Vec::new();
+    let tables = ConfigTables::of(args)?;
+    let mut variants = Vec::new();
+    let parts = parse_parts(&args.parts)?;
     for text in args.codec.split(',') {
-        codecs.push(
-            CodecSpec::parse(text.trim()).map_err(|e| BadInput(format!("--codec {text}: {e}")))?,
-        );
+        let codec =
+            CodecSpec::parse(text.trim()).map_err(|e| BadInput(format!("--codec {text}: {e}")))?;
+        for &equal_parts in &parts {
+            variants.push(Variant { codec, equal_parts });
+        }
     }
     let hosts = Hosts::from_flag(args.hosts.as_deref(), args.peers)?;
     // On links other than loopback, a loopback stream is no reference.
@@ -110,39 +112,94 @@ pub(crate) fn run(args: &AllreduceArgs) -> anyhow::Result<()> {
         Some(_) => None,
     };
     let mut times = Vec::new();
-    for &codec in &codecs {
-        times.push(run_codec(args, &hosts, &tables, codec, stream_bps)?);
+    for &variant in &variants {
+        times.push(run_variant(args, &hosts, &tables, variant, stream_bps)?);
     }
-    // Several codecs in one run: how much faster each round is than the first codec's.
+    // Several codecs or part sizings in one run: how much faster each round is than the
+    // first's.
     if let [(first, first_time), rest @ ..] = times.as_slice() {
-        for (codec, time) in rest {
+        for (variant, time) in rest {
             let speedup = first_time / time;
             if args.json {
                 println!(
                     "{}",
-                    json!({"compare": first.to_string(), "with": codec.to_string(), "speedup": speedup})
+                    json!({"compare": first.to_string(), "with": variant.to_string(), "speedup": speedup})
                 );
             } else {
-                println!("{codec} rounds are {speedup:.2}x as fast as {first} rounds (medians)");
+                println!("{variant} rounds are {speedup:.2}x as fast as {first} rounds (medians)");
             }
         }
     }
     Ok(())
 }
 
+/// One configuration of the benchmark: a codec, and how parts are sized.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Variant {
+    codec: CodecSpec,
+    equal_parts: bool,
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts = if self.equal_parts {
+            "equal"
+        } else {
+            "bandwidth"
+        };
+        write!(f, "{}, {parts} parts", self.codec)
+    }
+}
+
+/// `--parts`: `bandwidth` and `equal`, comma-separated; whether each sizes parts equally.
+fn parse_parts(text: &str) -> Result<Vec<bool>, BadInput> {
+    text.split(',')
+        .map(|p| match p.trim() {
+            "bandwidth" => Ok(false),
+            "equal" => Ok(true),
+            other => Err(BadInput(format!(
+                "--parts {text}: {other:?} is no part sizing; expected bandwidth or equal"
+            ))),
+        })
+        .collect()
+}
+
+/// `--upload-caps`: one cap per peer, bytes per second; none given, no caps.
+fn parse_upload_caps(text: Option<&str>, peers: usize) -> Result<Vec<u64>, BadInput> {
+    let Some(text) = text else {
+        return Ok(vec![0; peers]);
+    };
+    let caps: Vec<u64> = text
+        .split(',')
+        .map(|c| c.trim().parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| {
+            BadInput(format!(
+                "--upload-caps {text}: {e}; expected bytes per second"
+            ))
+        })?;
+    if caps.len() != peers {
+        return Err(BadInput(format!(
+            "--upload-caps {text}: {} caps for {peers} peers; give one per peer",
+            caps.len()
+        )));
+    }
+    Ok(caps)
+}
+
 /// Checks `--elements` for the collective: an SGP share is a whole vector in one frame, a
 /// ring segment a part of it (`elements / peers`), and the butterfly sends its parts in
 /// chunks, so only memory bounds it.
-fn check_elements(algo: AllreduceAlgo, peers: usize, elements: usize) -> Result<(), BadInput> {
+fn check_elements(algo: AveragingMode, peers: usize, elements: usize) -> Result<(), BadInput> {
     let frame_mib = MAX_FRAME_PAYLOAD >> 20;
     let (fits, allowed) = match algo {
-        AllreduceAlgo::Sgp => (
+        AveragingMode::Sgp => (
             elements <= MAX_FRAME_ELEMENTS,
             format!(
                 "1 to {MAX_FRAME_ELEMENTS} (a share travels in one frame of at most {frame_mib} MiB)"
             ),
         ),
-        AllreduceAlgo::Ring => (
+        AveragingMode::SyncRing => (
             elements <= MAX_VECTOR_ELEMENTS
                 && elements.div_ceil(peers.max(1)) <= MAX_FRAME_ELEMENTS,
             format!(
@@ -150,32 +207,37 @@ fn check_elements(algo: AllreduceAlgo, peers: usize, elements: usize) -> Result<
                  segment travels in one frame of at most {frame_mib} MiB)"
             ),
         ),
-        AllreduceAlgo::Butterfly => (
+        AveragingMode::Butterfly => (
             elements <= MAX_VECTOR_ELEMENTS,
             format!("1 to {MAX_VECTOR_ELEMENTS} (every peer holds a few copies of the vector)"),
         ),
+        AveragingMode::LocalSgd => {
+            return Err(BadInput(
+                "--algo local-sgd: not a collective; expected butterfly, sync-ring or sgp"
+                    .to_owned(),
+            ));
+        }
     };
     if elements == 0 || !fits {
         return Err(BadInput(format!(
-            "--elements {elements}: expected {allowed} for --algo {} with {peers} peers",
-            format!("{algo:?}").to_lowercase()
+            "--elements {elements}: expected {allowed} for --algo {algo} with {peers} peers"
         )));
     }
     Ok(())
 }
 
-/// Runs the benchmark with one codec; returns the codec and its median round time.
-fn run_codec(
+/// Runs the benchmark in one configuration; returns it and its median round time.
+fn run_variant(
     args: &AllreduceArgs,
     hosts: &Hosts,
     tables: &ConfigTables,
-    codec: CodecSpec,
+    variant: Variant,
     stream_bps: Option<f64>,
-) -> anyhow::Result<(CodecSpec, f64)> {
+) -> anyhow::Result<(Variant, f64)> {
     let plan = LocalPlan {
         peers: args.peers,
-        mode: LocalAveragingMode::Butterfly,
-        codec,
+        mode: args.algo,
+        codec: variant.codec,
         steps: 1,
         stragglers: Vec::new(),
         churn: false,
@@ -185,14 +247,14 @@ fn run_codec(
         synthetic_step_ms: 0,
     };
     let dir = SwarmDir::create(None, args.peers)?;
-    match run_peers(args, hosts, tables, &plan, &dir, stream_bps) {
+    match run_peers(args, hosts, tables, variant, &plan, &dir, stream_bps) {
         Ok(median_time) => {
             if !args.keep_logs
                 && let Err(e) = std::fs::remove_dir_all(dir.root())
             {
                 eprintln!("could not remove {}: {e}", dir.root().display());
             }
-            Ok((codec, median_time))
+            Ok((variant, median_time))
         }
         Err(e) => Err(e.context(format!("the peers' logs are in {}", dir.root().display()))),
     }
@@ -204,6 +266,7 @@ fn run_peers(
     args: &AllreduceArgs,
     hosts: &Hosts,
     tables: &ConfigTables,
+    variant: Variant,
     plan: &LocalPlan,
     dir: &SwarmDir,
     stream_bps: Option<f64>,
@@ -216,7 +279,7 @@ fn run_peers(
         write_config(dir, plan, index, &bootstrap, tables)?;
         children
             .0
-            .push(spawn_peer(dir, args, hosts, index, tx.clone())?);
+            .push(spawn_peer(dir, args, variant, hosts, index, tx.clone())?);
         if index == 0 {
             let (_, line) = rx
                 .recv_timeout(Duration::from_secs(30))
@@ -233,7 +296,7 @@ fn run_peers(
     children.release();
     drop(children);
     let logs = args.keep_logs.then(|| dir.root());
-    report(args, plan.codec, stream_bps, &rounds, discovery_s, logs)
+    report(args, variant, stream_bps, &rounds, discovery_s, logs)
 }
 
 /// One libp2p tensor stream's throughput on this machine, bytes per second (median).
@@ -255,50 +318,47 @@ fn single_stream(args: &AllreduceArgs) -> anyhow::Result<f64> {
     Ok(rounds[rounds.len() / 2])
 }
 
-/// What every peer's config gets besides `murmur local`'s: lines of its `[net]` table, and
-/// a table at the end.
+/// What every peer's config gets besides `murmur local`'s.
+#[derive(Debug, Clone)]
 struct ConfigTables {
-    net: String,
-    butterfly: String,
+    /// Frames large enough for a whole share or segment, and the QUIC receive windows when
+    /// `--quic-receive-window` is given.
+    max_frame_payload: u32,
+    quic_receive_window: Option<u32>,
+    /// Each peer's upload cap (`[volunteer] max_upload_bytes_per_s`).
+    upload_caps: Vec<u64>,
+    /// `[averaging.butterfly]`, with the timeouts given.
+    butterfly: ButterflyConfig,
 }
 
-/// The `[net]` lines of every peer's config: frames large enough for a whole share or
-/// segment, and the QUIC receive windows when `--quic-receive-window` is given.
-fn net_lines(args: &AllreduceArgs) -> Result<String, BadInput> {
-    let mut lines = format!("max_frame_payload = {MAX_FRAME_PAYLOAD}\n");
-    if let Some(window) = args.quic_receive_window {
-        if window < MIN_QUIC_RECEIVE_WINDOW {
+impl ConfigTables {
+    /// The tables of `args`, checked the way the config loader will check them.
+    fn of(args: &AllreduceArgs) -> Result<ConfigTables, BadInput> {
+        if let Some(window) = args.quic_receive_window
+            && window < MIN_QUIC_RECEIVE_WINDOW
+        {
             return Err(BadInput(format!(
                 "--quic-receive-window {window}: expected at least {MIN_QUIC_RECEIVE_WINDOW} bytes"
             )));
         }
-        lines.push_str(&format!(
-            "quic_stream_receive_window = {window}\nquic_connection_receive_window = {window}\n"
-        ));
+        let mut butterfly = ButterflyConfig::default();
+        butterfly.chunk_timeout_ms = args.chunk_timeout_ms.unwrap_or(butterfly.chunk_timeout_ms);
+        butterfly.reducer_timeout_ms = args
+            .reducer_timeout_ms
+            .unwrap_or(butterfly.reducer_timeout_ms);
+        butterfly
+            .validate()
+            .map_err(|e| BadInput(format!("--chunk-timeout-ms / --reducer-timeout-ms: {e}")))?;
+        Ok(ConfigTables {
+            max_frame_payload: MAX_FRAME_PAYLOAD,
+            quic_receive_window: args.quic_receive_window,
+            upload_caps: parse_upload_caps(args.upload_caps.as_deref(), args.peers)?,
+            butterfly,
+        })
     }
-    Ok(lines)
 }
 
-/// The `[averaging.butterfly]` table of every peer's config: empty for the defaults, or
-/// the timeouts given, checked the way the config loader will check them.
-fn butterfly_timeouts(args: &AllreduceArgs) -> Result<String, BadInput> {
-    if args.chunk_timeout_ms.is_none() && args.reducer_timeout_ms.is_none() {
-        return Ok(String::new());
-    }
-    let mut config = ButterflyConfig::default();
-    config.chunk_timeout_ms = args.chunk_timeout_ms.unwrap_or(config.chunk_timeout_ms);
-    config.reducer_timeout_ms = args.reducer_timeout_ms.unwrap_or(config.reducer_timeout_ms);
-    config
-        .validate()
-        .map_err(|e| BadInput(format!("--chunk-timeout-ms / --reducer-timeout-ms: {e}")))?;
-    Ok(format!(
-        "\n[averaging.butterfly]\nchunk_timeout_ms = {}\nreducer_timeout_ms = {}\n",
-        config.chunk_timeout_ms, config.reducer_timeout_ms
-    ))
-}
-
-/// Writes peer `index`'s config (listening on its host's address, as `plan.hosts` says),
-/// with `tables`' lines at the top of its `[net]` table and its butterfly table at the end.
+/// Writes peer `index`'s config: `murmur local`'s, with the benchmark's tables.
 fn write_config(
     dir: &SwarmDir,
     plan: &LocalPlan,
@@ -306,27 +366,27 @@ fn write_config(
     bootstrap: &[String],
     tables: &ConfigTables,
 ) -> anyhow::Result<()> {
-    dir.write_config(plan, index, bootstrap)?;
-    let path = dir.config_path(index);
-    let text = std::fs::read_to_string(&path)?;
-    let mut text = text.replacen("[net]\n", &format!("[net]\n{}", tables.net), 1);
-    text.push_str(&tables.butterfly);
-    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
+    let mut config = dir.peer_config(plan, index, bootstrap);
+    config.net.max_frame_payload = tables.max_frame_payload;
+    if let Some(window) = tables.quic_receive_window {
+        config.net.quic_stream_receive_window = window;
+        config.net.quic_connection_receive_window = window;
+    }
+    config.averaging.butterfly = tables.butterfly.clone();
+    config.volunteer.max_upload_bytes_per_s = tables.upload_caps.get(index).copied().unwrap_or(0);
+    dir.write_peer_config(plan, index, &config)
 }
 
 fn spawn_peer(
     dir: &SwarmDir,
     args: &AllreduceArgs,
+    variant: Variant,
     hosts: &Hosts,
     index: usize,
     tx: mpsc::SyncSender<(usize, String)>,
 ) -> anyhow::Result<Child> {
     let log = std::fs::File::create(dir.log_path(index))?;
-    let algo = match args.algo {
-        AllreduceAlgo::Butterfly => "butterfly",
-        AllreduceAlgo::Ring => "ring",
-        AllreduceAlgo::Sgp => "sgp",
-    };
+    let algo = args.algo.name();
     let mut child = hosts
         .command(index, std::env::current_exe()?)
         .args(["bench", "allreduce-peer", "--config"])
@@ -336,7 +396,7 @@ fn spawn_peer(
         .args(["--elements", &args.elements.to_string()])
         .args(["--algo", algo])
         .args(["--rounds", &args.rounds.to_string()])
-        .args(args.free_start.then_some("--free-start"))
+        .args(variant.equal_parts.then_some("--equal-parts"))
         .args(["--threads", &args.peer_threads.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -410,7 +470,7 @@ fn collect(
 
 fn report(
     args: &AllreduceArgs,
-    codec: CodecSpec,
+    variant: Variant,
     stream_bps: Option<f64>,
     rounds: &[Vec<Option<Value>>],
     discovery_s: f64,
@@ -422,11 +482,18 @@ fn report(
         v.sort_by(f64::total_cmp);
         v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
     };
-    let algo = format!("{:?}", args.algo).to_lowercase();
+    let algo = args.algo.name();
+    let codec = variant.codec;
+    let parts = if variant.equal_parts {
+        "equal"
+    } else {
+        "bandwidth"
+    };
     let summary = json!({
         "peers": args.peers,
         "elements": args.elements,
         "codec": codec.to_string(),
+        "parts": parts,
         "algo": algo,
         "stream_bytes_per_s": stream_bps,
         "discovery_s": discovery_s,
@@ -443,26 +510,38 @@ fn report(
     }
     match stream_bps {
         Some(stream) => println!(
-            "{} peers, {} elements, {codec}, {algo}; one tensor stream: {:.1} MB/s",
+            "{} peers, {} elements, {codec}, {algo}, {parts} parts; one tensor stream: {:.1} MB/s",
             args.peers,
             args.elements,
             stream / 1e6
         ),
         None => println!(
-            "{} peers, {} elements, {codec}, {algo}; on the --hosts links",
+            "{} peers, {} elements, {codec}, {algo}, {parts} parts; on the --hosts links",
             args.peers, args.elements
         ),
     }
     println!("every peer found every other (via the DHT) within {discovery_s:.2} s");
-    println!("round   time (s)   period (s)   MB sent/peer   rel. error   coverage   efficiency");
+    println!(
+        "round   time (s)   period (s)   MB sent/peer   rel. error   group   coverage   efficiency"
+    );
     for row in &rows {
+        let (low, high) = (
+            row["group_min"].as_f64().unwrap_or(f64::NAN),
+            row["group_max"].as_f64().unwrap_or(f64::NAN),
+        );
+        let group = if low == high {
+            format!("{low}")
+        } else {
+            format!("{low}-{high}")
+        };
         println!(
-            "{:>5}   {:>8.3}   {:>10.3}   {:>12.2}   {:>10.2e}   {:>8.3}   {:>10.3}",
+            "{:>5}   {:>8.3}   {:>10.3}   {:>12.2}   {:>10.2e}   {:>5}   {:>8.3}   {:>10.3}",
             row["round"],
             row["time_s"].as_f64().unwrap_or(f64::NAN),
             row["period_s"].as_f64().unwrap_or(f64::NAN),
             row["bytes_sent_per_peer"].as_f64().unwrap_or(f64::NAN) / 1e6,
             row["rel_error"].as_f64().unwrap_or(f64::NAN),
+            group,
             row["coverage"].as_f64().unwrap_or(f64::NAN),
             row["efficiency"].as_f64().unwrap_or(f64::NAN),
         );
@@ -511,6 +590,10 @@ fn round_rows(
         let error = f("rel_error").fold(0.0, f64::max);
         let coverage = f("coverage").fold(1.0, f64::min);
         let coverage_all = f("coverage_all").fold(1.0, f64::min);
+        // Each peer's group: a swarm split into several groups, or a peer averaging alone,
+        // shows as a smallest group below the peers that reported.
+        let group_min = f("group").fold(f64::INFINITY, f64::min);
+        let group_max = f("group").fold(0.0, f64::max);
         let finish = f("finished_unix_s").fold(f64::NAN, f64::max);
         let period = finish - last_finish.unwrap_or(f("began_unix_s").fold(f64::NAN, f64::min));
         last_finish = Some(finish);
@@ -522,6 +605,8 @@ fn round_rows(
             "rel_error": error,
             "coverage": coverage,
             "coverage_all": coverage_all,
+            "group_min": group_min,
+            "group_max": group_max,
             "efficiency": stream_bps.map(|stream| bytes / time / stream),
         }));
     }
@@ -535,25 +620,25 @@ mod tests {
     #[test]
     fn a_64_mib_f32_vector_is_accepted_where_frames_carry_parts_of_it() {
         let elements = 16_777_216;
-        assert!(check_elements(AllreduceAlgo::Butterfly, 4, elements).is_ok());
-        assert!(check_elements(AllreduceAlgo::Butterfly, 2, elements).is_ok());
-        assert!(check_elements(AllreduceAlgo::Ring, 2, elements).is_ok());
-        assert!(check_elements(AllreduceAlgo::Ring, 8, elements).is_ok());
+        assert!(check_elements(AveragingMode::Butterfly, 4, elements).is_ok());
+        assert!(check_elements(AveragingMode::Butterfly, 2, elements).is_ok());
+        assert!(check_elements(AveragingMode::SyncRing, 2, elements).is_ok());
+        assert!(check_elements(AveragingMode::SyncRing, 8, elements).is_ok());
         // An SGP share is the whole vector in one frame.
-        let sgp = check_elements(AllreduceAlgo::Sgp, 4, elements).unwrap_err();
+        let sgp = check_elements(AveragingMode::Sgp, 4, elements).unwrap_err();
         assert!(sgp.0.contains("--elements 16777216"), "{sgp}");
         assert!(sgp.0.contains("one frame"), "{sgp}");
-        assert!(check_elements(AllreduceAlgo::Sgp, 4, MAX_FRAME_ELEMENTS).is_ok());
+        assert!(check_elements(AveragingMode::Sgp, 4, MAX_FRAME_ELEMENTS).is_ok());
     }
 
     #[test]
     fn a_ring_segment_past_one_frame_or_a_vector_past_memory_is_refused() {
         // Two peers: each segment is half of 40 M elements, more than a frame holds.
-        let ring = check_elements(AllreduceAlgo::Ring, 2, 40_000_000).unwrap_err();
+        let ring = check_elements(AveragingMode::SyncRing, 2, 40_000_000).unwrap_err();
         assert!(ring.0.contains("per peer"), "{ring}");
-        assert!(check_elements(AllreduceAlgo::Ring, 4, 40_000_000).is_ok());
+        assert!(check_elements(AveragingMode::SyncRing, 4, 40_000_000).is_ok());
         let huge = MAX_VECTOR_ELEMENTS + 1;
-        for algo in [AllreduceAlgo::Butterfly, AllreduceAlgo::Ring] {
+        for algo in [AveragingMode::Butterfly, AveragingMode::SyncRing] {
             assert!(check_elements(algo, 32, huge).is_err(), "{algo:?}");
             assert!(check_elements(algo, 32, 0).is_err(), "{algo:?}");
         }
@@ -564,7 +649,7 @@ mod tests {
             peers: 4,
             elements: 1000,
             codec: "f32".into(),
-            algo: AllreduceAlgo::Butterfly,
+            algo: AveragingMode::Butterfly,
             rounds: 1,
             json: true,
             kill_peer: None,
@@ -573,7 +658,8 @@ mod tests {
             chunk_timeout_ms,
             reducer_timeout_ms,
             quic_receive_window: None,
-            free_start: false,
+            parts: "bandwidth".to_owned(),
+            upload_caps: None,
             keep_logs: false,
             peer_threads: 2,
         }
@@ -602,37 +688,24 @@ mod tests {
     }
 
     #[test]
-    fn quic_windows_are_written_only_when_given_and_checked() {
+    fn tables_are_checked_the_way_the_loader_checks_them() {
         let mut a = args(None, None);
-        assert_eq!(
-            net_lines(&a).unwrap(),
-            format!("max_frame_payload = {MAX_FRAME_PAYLOAD}\n")
-        );
         a.quic_receive_window = Some(MIN_QUIC_RECEIVE_WINDOW - 1);
-        let error = net_lines(&a).unwrap_err();
+        let error = ConfigTables::of(&a).unwrap_err();
         assert!(error.0.starts_with("--quic-receive-window"), "{error}");
-        a.quic_receive_window = Some(250_000);
-        let lines = net_lines(&a).unwrap();
-        assert!(
-            lines.contains("quic_stream_receive_window = 250000\n"),
-            "{lines}"
-        );
-        assert!(
-            lines.contains("quic_connection_receive_window = 250000\n"),
-            "{lines}"
-        );
-    }
-
-    #[test]
-    fn butterfly_timeouts_are_written_only_when_given_and_checked() {
-        assert_eq!(butterfly_timeouts(&args(None, None)).unwrap(), "");
-        let table = butterfly_timeouts(&args(Some(60_000), None)).unwrap_err();
-        assert!(table.0.contains("reducer_timeout_ms"), "{table}");
-        let table = butterfly_timeouts(&args(Some(60_000), Some(90_000))).unwrap();
-        let parsed: toml::Table = toml::from_str(&table).unwrap();
-        let butterfly = &parsed["averaging"]["butterfly"];
-        assert_eq!(butterfly["chunk_timeout_ms"].as_integer(), Some(60_000));
-        assert_eq!(butterfly["reducer_timeout_ms"].as_integer(), Some(90_000));
+        let error = ConfigTables::of(&args(Some(60_000), None)).unwrap_err();
+        assert!(error.0.contains("reducer_timeout_ms"), "{error}");
+        let mut a = args(Some(60_000), Some(90_000));
+        a.peers = 2;
+        a.upload_caps = Some("1,2,3".to_owned());
+        let error = ConfigTables::of(&a).unwrap_err();
+        assert!(error.0.contains("3 caps for 2 peers"), "{error}");
+        a.upload_caps = Some("1000, 2000".to_owned());
+        let tables = ConfigTables::of(&a).unwrap();
+        assert_eq!(tables.upload_caps, [1000, 2000]);
+        assert_eq!(tables.butterfly.chunk_timeout_ms, 60_000);
+        assert_eq!(parse_parts("bandwidth,equal").unwrap(), [false, true]);
+        assert!(parse_parts("even").is_err());
     }
 
     #[test]
@@ -646,7 +719,7 @@ mod tests {
         .unwrap();
         let plan = LocalPlan {
             peers: 2,
-            mode: LocalAveragingMode::Butterfly,
+            mode: AveragingMode::Butterfly,
             codec: CodecSpec::F32,
             steps: 1,
             stragglers: Vec::new(),
@@ -657,21 +730,24 @@ mod tests {
             synthetic_step_ms: 0,
         };
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), 2).unwrap();
-        let tables = ConfigTables {
-            net: format!(
-                "max_frame_payload = {MAX_FRAME_PAYLOAD}\nquic_stream_receive_window = 250000\nquic_connection_receive_window = 250000\n"
-            ),
-            butterfly:
-                "\n[averaging.butterfly]\nchunk_timeout_ms = 60000\nreducer_timeout_ms = 90000\n"
-                    .to_owned(),
-        };
+        let mut a = args(Some(60_000), Some(90_000));
+        a.peers = 2;
+        a.quic_receive_window = Some(250_000);
+        a.upload_caps = Some("0,777000".to_owned());
+        let tables = ConfigTables::of(&a).unwrap();
         write_config(&dir, &plan, 1, &[], &tables).unwrap();
         let loaded = crate::config::load(&dir.config_path(1)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.net.listen_addrs, ["/ip4/10.77.2.2/udp/0/quic-v1"]);
         assert_eq!(loaded.net.max_frame_payload, MAX_FRAME_PAYLOAD);
         assert_eq!(loaded.net.quic_stream_receive_window, 250_000);
         assert_eq!(loaded.net.quic_connection_receive_window, 250_000);
-        assert_eq!(loaded.averaging.butterfly.chunk_timeout_ms, 60_000);
-        assert_eq!(loaded.averaging.butterfly.reducer_timeout_ms, 90_000);
+        let murmur_gossip::engine::ModeSettings::Butterfly { butterfly, .. } =
+            &loaded.averaging.mode
+        else {
+            panic!("{:?}", loaded.averaging.mode);
+        };
+        assert_eq!(butterfly.chunk_timeout_ms, 60_000);
+        assert_eq!(butterfly.reducer_timeout_ms, 90_000);
+        assert_eq!(loaded.net.max_upload_bytes_per_s, 777_000);
     }
 }

@@ -15,34 +15,36 @@
 //! keep a one-thread runtime from answering the swarm), and the round's buffers in the
 //! first round.
 //!
+//! Each peer runs the daemon's own averaging engine (`murmur_gossip::engine`) behind the
+//! same network driver as `murmur run`; only the trainer is replaced by one that hands the
+//! engine this peer's vector as its gradient (weighted by `index + 1` samples) and
+//! measures each averaged result it is asked to apply. Rounds form by matchmaking, as in
+//! training, with the whole swarm as the target group; a round's time counts from its
+//! group's start to this member's complete result.
+//!
 //! `--threads 1` runs the network and the rounds on one thread: many peers sharing few
 //! cores then spend no CPU handing work between threads.
 
-use std::collections::BTreeSet;
 use std::io::{BufRead as _, Write as _};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use murmur_gossip::Time;
-use murmur_gossip::butterfly::{ButterflyConfig, RoundBuffers};
-use murmur_gossip::net::exchange::{
-    Delivery, Mailbox, MailboxConfig, Outbox, OutboxConfig, Parcel,
+use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::engine::{
+    EngineEvent, EngineSetup, Membership, ModeEngine, ModeSettings, RoundReport, Start, Work,
+    WorkDone,
 };
-use murmur_gossip::net::{self, NetEvent, NetHandle, NetIdentity};
-use murmur_gossip::sgp::{SgpConfig, SgpInput, SgpOutput, SgpPeer, ShareHeader};
-use murmur_protocol::codec::CodecSpec;
+use murmur_gossip::net::driver::{self, DriverConfig, EngineClock, EngineIo, FromEngine};
+use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig};
+use murmur_gossip::net::{self, NetHandle, NetIdentity};
 use murmur_protocol::identity::PeerId;
+use murmur_protocol::message::AveragingMode;
 use serde_json::json;
 use tokio::sync::{broadcast, oneshot};
 
-use crate::cli::{AllreduceAlgo, AllreducePeerArgs};
-use crate::config;
+use crate::cli::AllreducePeerArgs;
+use crate::config::{self, LoadedConfig};
 use crate::input_error::BadInput;
-use crate::run::collective::{self, Collective, Early, RoundHost, RoundIo};
-
-mod round_start;
-
-use self::round_start::Readiness;
 
 /// How long a peer waits for the whole swarm before it gives up.
 const GATHER_BOUND: Duration = Duration::from_secs(60);
@@ -98,88 +100,6 @@ fn relative_error(values: &[f32], exact: &[f64]) -> f64 {
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-struct BenchPeer {
-    me: PeerId,
-    net: NetHandle,
-    mailbox: Mailbox,
-    outbox: Outbox,
-    events: broadcast::Receiver<NetEvent>,
-    /// The members of the next round besides this peer: every peer that connected, until
-    /// a round finds it silent. A lost connection alone does not remove a peer, because
-    /// each peer learns of it at its own moment, and a round that begins between two
-    /// peers' moments would be split by them into different layouts.
-    peers: BTreeSet<PeerId>,
-    /// Peers whose connections closed: rounds give up on them at once.
-    disconnected: BTreeSet<PeerId>,
-    /// The rounds members said they are ready for.
-    ready: Readiness,
-    /// Members that did not say they were ready for this round in time: the round gives up
-    /// on them at once.
-    unready: BTreeSet<PeerId>,
-    clock: Instant,
-    codec: CodecSpec,
-    butterfly: ButterflyConfig,
-    raw_bytes: u64,
-}
-
-impl RoundHost for BenchPeer {
-    fn me(&self) -> PeerId {
-        self.me
-    }
-    fn now(&self) -> Time {
-        Time::from_nanos(u64::try_from(self.clock.elapsed().as_nanos()).unwrap_or(u64::MAX))
-    }
-    fn instant_of(&self, at: Time) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.clock + Duration::from_nanos(at.as_nanos()))
-    }
-    fn codec(&self) -> CodecSpec {
-        self.codec
-    }
-    fn butterfly(&self) -> &ButterflyConfig {
-        &self.butterfly
-    }
-    fn ring_timeout(&self) -> Duration {
-        Duration::from_secs(60)
-    }
-    fn io(&mut self) -> RoundIo<'_> {
-        RoundIo {
-            mailbox: &mut self.mailbox,
-            outbox: &mut self.outbox,
-            events: &mut self.events,
-            signals: None,
-        }
-    }
-    fn mailbox(&self) -> &Mailbox {
-        &self.mailbox
-    }
-    fn note_event(&mut self, event: &NetEvent) {
-        match event {
-            NetEvent::PeerAuthorized { peer, .. } => {
-                self.peers.insert(*peer);
-                self.disconnected.remove(peer);
-            }
-            NetEvent::PeerDisconnected { peer } | NetEvent::PeerRejected { peer, .. } => {
-                self.disconnected.insert(*peer);
-            }
-            NetEvent::Heartbeat { .. } => {}
-        }
-    }
-    fn is_gone(&self, peer: &PeerId) -> bool {
-        self.disconnected.contains(peer) || self.unready.contains(peer)
-    }
-    fn note_parcel(&mut self, delivery: Delivery) {
-        self.ready.note_parcel(delivery.from, &delivery.parcel);
-        self.mailbox.recycle(delivery.parcel.into_payload());
-    }
-    fn set_paused(&mut self, _: bool) {}
-    fn count_raw(&mut self, bytes: u64) {
-        self.raw_bytes += bytes;
-    }
-    fn measures_drift(&self) -> bool {
-        false
-    }
-}
-
 /// Seconds since the Unix epoch, to the millisecond: comparable between the peers of one
 /// host, which is where the benchmark's round periods are measured.
 fn unix_s() -> f64 {
@@ -210,7 +130,7 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
     // Built before the network starts: the vector and its exact mean take seconds of CPU,
     // which must not hold up the runtime that answers the swarm.
     let (local, weight) = vector_of(args.index, args.elements);
-    let exact = exact_mean(args.peers, args.elements, args.algo != AllreduceAlgo::Sgp);
+    let exact = exact_mean(args.peers, args.elements, args.algo != AveragingMode::Sgp);
     let workload = Workload {
         local,
         weight,
@@ -230,22 +150,13 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
             .map(|a| format!("{a}/p2p/{me}"))
             .collect();
         emit(json!({"event": "ready", "listen": listen}));
-        let mut peer = BenchPeer {
-            me,
+        let io = EngineIo {
             net: net.clone(),
             mailbox,
             outbox,
             events,
-            peers: BTreeSet::new(),
-            disconnected: BTreeSet::new(),
-            ready: Readiness::default(),
-            unready: BTreeSet::new(),
-            clock: Instant::now(),
-            codec: loaded.averaging.codec,
-            butterfly: loaded.averaging.butterfly.clone(),
-            raw_bytes: 0,
         };
-        let result = bench(&mut peer, args, loaded.averaging.sgp.clone(), workload).await;
+        let result = bench(io, me, &loaded, args, workload).await;
         if let Err(e) = &result {
             emit(json!({"event": "done", "error": format!("{e:#}")}));
         }
@@ -272,16 +183,32 @@ fn stdin_closed() -> oneshot::Receiver<()> {
     rx
 }
 
-async fn gather(peer: &mut BenchPeer, want: usize) -> anyhow::Result<()> {
+/// Waits until `want` other peers are admitted and each has been heard in gossip (groups
+/// form through the heartbeats that say who is looking for one), noting them in
+/// `membership`. This peer heartbeats meanwhile, so that the others hear it too.
+async fn gather(
+    io: &mut EngineIo,
+    membership: &mut Membership<PeerId>,
+    clock: &EngineClock,
+    mode: AveragingMode,
+    want: usize,
+) -> anyhow::Result<()> {
     let until = tokio::time::Instant::now() + GATHER_BOUND;
-    let connected = |peer: &BenchPeer| peer.peers.difference(&peer.disconnected).count();
-    while connected(peer) < want {
-        match tokio::time::timeout_at(until, peer.events.recv()).await {
-            Err(_) => anyhow::bail!(
-                "only {} of {want} other peers connected within {GATHER_BOUND:?}",
-                connected(peer)
+    let heard = |m: &Membership<PeerId>| m.len() >= want && m.all_heard();
+    while !heard(membership) {
+        if membership.beat_due(clock.now()) {
+            driver::publish_heartbeat(&io.net, clock, mode, membership.own());
+        }
+        let wake = clock.instant(membership.poll_timeout()).min(until);
+        match tokio::time::timeout_at(wake, io.events.recv()).await {
+            Err(_) if tokio::time::Instant::now() >= until => anyhow::bail!(
+                "only {} of {want} other peers connected and heard within {GATHER_BOUND:?}",
+                membership.heard().count()
             ),
-            Ok(Ok(event)) => peer.note_event(&event),
+            Err(_) => {}
+            Ok(Ok(event)) => {
+                membership.note(clock.now(), driver::member_event(clock, event));
+            }
             Ok(Err(broadcast::error::RecvError::Lagged(_))) => {}
             Ok(Err(broadcast::error::RecvError::Closed)) => anyhow::bail!("the network stopped"),
         }
@@ -296,224 +223,212 @@ struct Workload {
     exact: Vec<f64>,
 }
 
+/// The mode a benchmark runs, as its config names it (the benchmark writes the algorithm
+/// there): every round takes the whole swarm (`target_group = peers`) and exactly one
+/// contribution of each member, since a round is due as soon as a member has one gradient
+/// (`target_batch = 1`) and members do not compute while they average.
+fn mode_of(args: &AllreducePeerArgs, loaded: &LoadedConfig) -> ModeSettings {
+    let whole = |butterfly: &ButterflyConfig| ButterflyConfig {
+        target_group: args.peers.clamp(2, murmur_gossip::butterfly::MAX_GROUP),
+        ..butterfly.clone()
+    };
+    match &loaded.averaging.mode {
+        ModeSettings::Butterfly { butterfly, .. } => ModeSettings::Butterfly {
+            target_batch: 1,
+            butterfly: whole(butterfly),
+        },
+        ModeSettings::SyncRing { butterfly, .. } => ModeSettings::SyncRing {
+            timeout: RING_BOUND,
+            butterfly: whole(butterfly),
+        },
+        other => other.clone(),
+    }
+}
+
+/// The longest an SGP step may wait for the share it folds in.
+const SGP_STEP_BOUND: Duration = Duration::from_secs(120);
+
+/// The longest a benchmark's ring round may take.
+const RING_BOUND: Duration = Duration::from_secs(60);
+
+/// What a benchmark peer measures between two rounds it reports.
+struct Meter {
+    net: NetHandle,
+    round: u64,
+    sent_before: u64,
+    since: Instant,
+    /// The last round report (or a round alone) the engine made.
+    last: Option<RoundReport<PeerId>>,
+}
+
+impl Meter {
+    /// Emits round `self.round` with the values it ended on, and starts the next.
+    fn emit_round(&mut self, values: &[f32], exact: &[f64]) {
+        let sent_now = self.net.metrics().snapshot().tensor_bytes_sent;
+        let (time_s, coverage, coverage_all, group, given_up) = match self.last.take() {
+            Some(r) => (
+                r.finished_after.as_secs_f64(),
+                r.coverage,
+                r.coverage_all,
+                r.group_size,
+                r.silent_reducers.len(),
+            ),
+            // SGP, or a round alone: the time since the last report.
+            None => (self.since.elapsed().as_secs_f64(), 1.0, 1.0, 1, 0),
+        };
+        let finished = unix_s();
+        emit(json!({
+            "event": "round",
+            "round": self.round,
+            "time_s": time_s,
+            "until_idle_s": self.since.elapsed().as_secs_f64(),
+            "began_unix_s": finished - time_s,
+            "finished_unix_s": finished,
+            "bytes_sent": sent_now - self.sent_before,
+            "rel_error": relative_error(values, exact),
+            "coverage": coverage,
+            "coverage_all": coverage_all,
+            "group": group,
+            "given_up": given_up,
+        }));
+        self.round += 1;
+        self.sent_before = sent_now;
+        self.since = Instant::now();
+    }
+}
+
 async fn bench(
-    peer: &mut BenchPeer,
+    io: EngineIo,
+    me: PeerId,
+    loaded: &LoadedConfig,
     args: &AllreducePeerArgs,
-    sgp: SgpConfig,
     workload: Workload,
 ) -> anyhow::Result<()> {
     let started = Instant::now();
-    gather(peer, args.peers - 1).await?;
+    let clock = EngineClock::start();
+    let mut membership = Membership::new(me, loaded.averaging.heartbeat_interval, clock.now());
+    let mut io = io;
+    let mode = mode_of(args, loaded);
+    gather(
+        &mut io,
+        &mut membership,
+        &clock,
+        mode.mode(),
+        args.peers - 1,
+    )
+    .await?;
     // Only peer 0's address was given: the rest were found through the DHT.
     emit(json!({"event": "gathered", "after_s": started.elapsed().as_secs_f64()}));
-    // Everyone is connected; give their own gathering a moment to finish too.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let Workload {
         local,
         weight,
         exact,
     } = workload;
-    match args.algo {
-        AllreduceAlgo::Butterfly | AllreduceAlgo::Ring => {
-            let kind = if args.algo == AllreduceAlgo::Ring {
-                Collective::Ring
-            } else {
-                Collective::Butterfly
-            };
-            let mut early = Early::default();
-            // The readiness message carries the weight as samples, as a join would.
-            let samples = weight as u64;
-            // The butterfly hands its contribution back unchanged, so after the first round
-            // nothing of the vector's size is built, copied or allocated between rounds.
-            let mut buffers = RoundBuffers::from(local.clone());
-            for round in 0..args.rounds {
-                if buffers.local.is_empty() {
-                    // The ring scales its input in place and keeps it.
-                    buffers.local.extend_from_slice(&local);
-                }
-                let waited = if args.free_start {
-                    Duration::ZERO
-                } else {
-                    // Before the first round a peer may still be finding the others.
-                    let bound = if round == 0 {
-                        GATHER_BOUND
-                    } else {
-                        peer.butterfly.chunk_timeout()
-                    };
-                    peer.agree_to_start(&mut early, round, samples, bound)
-                        .await?
-                };
-                let sent_before = peer.net.metrics().snapshot().tensor_bytes_sent;
-                let mut members: Vec<PeerId> = peer.peers.iter().copied().collect();
-                members.push(peer.me);
-                let began = unix_s();
-                let started = Instant::now();
-                let outcome =
-                    collective::average(peer, &mut early, kind, round, members, buffers, weight)
-                        .await?;
-                let time_s = outcome.finished_after.as_secs_f64();
-                let idle_s = started.elapsed().as_secs_f64();
-                let sent = peer.net.metrics().snapshot().tensor_bytes_sent - sent_before;
-                emit(json!({
-                    "event": "round",
-                    "round": round,
-                    "time_s": time_s,
-                    "until_idle_s": idle_s,
-                    "waited_s": waited.as_secs_f64(),
-                    "began_unix_s": began,
-                    "finished_unix_s": began + time_s,
-                    "bytes_sent": sent,
-                    "rel_error": relative_error(&outcome.values, &exact),
-                    "coverage": outcome.coverage,
-                    "coverage_all": outcome.coverage_all,
-                    "group": outcome.group,
-                    "given_up": outcome.silent_reducers.len(),
-                }));
-                // A reducer whose averages never came (timed out, or its connection closed)
-                // is gone: every member saw the same, so all of them leave it out of the
-                // next rounds, at the same round.
-                for gone in &outcome.silent_reducers {
-                    peer.peers.remove(gone);
-                }
-                buffers = outcome.spare;
-                buffers.result = outcome.values;
-            }
-        }
-        AllreduceAlgo::Sgp => gossip(peer, args, sgp, local, exact).await?,
-    }
-    emit(json!({"event": "done"}));
-    Ok(())
-}
-
-/// SGP as pure averaging: no training, each "round" is log2(N) push steps; the error is of
-/// `z = x / w` against the plain mean (push-sum starts every peer at weight 1).
-async fn gossip(
-    peer: &mut BenchPeer,
-    args: &AllreducePeerArgs,
-    config: SgpConfig,
-    local: Vec<f32>,
-    exact: Vec<f64>,
-) -> anyhow::Result<()> {
-    let members: Vec<PeerId> = peer.peers.iter().copied().collect();
-    let mut machine = SgpPeer::new(peer.me, members, local, config)?;
+    let sgp = args.algo == AveragingMode::Sgp;
+    let setup = EngineSetup {
+        codec: loaded.averaging.codec,
+        error_feedback: false,
+        overlap: false,
+        size_parts_by_bandwidth: !args.equal_parts,
+        batch_size: weight as u64,
+        upload_cap: loaded.net.max_upload_bytes_per_s,
+        accepts_connections: true,
+        wall_ms_at_zero: clock.wall_ms_at_zero,
+        seed: args.index as u64 ^ clock.wall_ms_at_zero,
+    };
+    let start = Start {
+        // SGP averages the vectors themselves; the round modes average "gradients".
+        params: Some(if sgp {
+            local.clone()
+        } else {
+            vec![0.0; local.len()]
+        }),
+        len: local.len(),
+        round: 0,
+        local_steps: 0,
+    };
+    let engine = ModeEngine::new(&mode, &setup, membership, start)?;
+    let net = io.net.clone();
+    let config = DriverConfig {
+        mode: mode.mode(),
+        bootstrap: Vec::new(),
+        expected_peers: args.peers - 1,
+        leave_bound: Duration::from_secs(4),
+    };
+    let mut handle = driver::spawn(engine, io, clock, config, None);
+    // A round of SGP is log2(N) push steps: with N a power of two and every peer stepping
+    // together, that averages exactly.
     let steps_per_round = u64::from(usize::BITS - (args.peers - 1).leading_zeros()).max(1);
-    let mut z = vec![0f32; args.elements];
-    let bound = Duration::from_secs(120);
-    let mut pending: Option<u64> = None;
-    for round in 0..args.rounds {
-        let began = unix_s();
-        let started = Instant::now();
-        let sent_before = peer.net.metrics().snapshot().tensor_bytes_sent;
-        let target = steps_per_round * (round + 1);
-        if pending.take().is_some() {
-            let now = peer.now();
-            machine.handle(now, SgpInput::LocalStepDone)?;
+    let mut meter = Meter {
+        sent_before: net.metrics().snapshot().tensor_bytes_sent,
+        net,
+        round: 0,
+        since: Instant::now(),
+        last: None,
+    };
+    let mut steps = 0u64;
+    let mut finishing = false;
+    while let Some(message) = handle.next().await {
+        let done = match message {
+            FromEngine::Work(Work::Gradient { params, mut grad }) => {
+                grad.clear();
+                grad.extend_from_slice(&local);
+                WorkDone::Gradient {
+                    params,
+                    grad,
+                    samples: weight as u64,
+                    took: Duration::ZERO,
+                }
+            }
+            FromEngine::Work(Work::Apply { params, grad, .. }) => {
+                meter.emit_round(&grad, &exact);
+                WorkDone::Applied { params, grad }
+            }
+            FromEngine::Work(Work::Step { params, .. }) => {
+                // Pure averaging, step by step: the next step starts once as many shares
+                // have been folded in as this peer pushed (with every view equal, each
+                // step has exactly one in-neighbour), and `params` is then `z` after them.
+                let until = tokio::time::Instant::now() + SGP_STEP_BOUND;
+                while handle.status().shares_received < steps {
+                    if tokio::time::timeout_at(until, handle.status_changed())
+                        .await
+                        .is_err()
+                    {
+                        anyhow::bail!(
+                            "gossip step {steps} waited more than {SGP_STEP_BOUND:?} for a share"
+                        );
+                    }
+                }
+                if steps > 0 && steps.is_multiple_of(steps_per_round) {
+                    meter.emit_round(&params, &exact);
+                }
+                steps += 1;
+                WorkDone::Stepped {
+                    params,
+                    samples: 1,
+                    took: Duration::ZERO,
+                }
+            }
+            FromEngine::Event(EngineEvent::Round(report)) => {
+                meter.last = Some(report);
+                continue;
+            }
+            FromEngine::Event(EngineEvent::BadParcel { from, reason }) => {
+                tracing::warn!(peer = %from, %reason, "message refused");
+                continue;
+            }
+            FromEngine::Event(_) | FromEngine::Finished(_) => continue,
+        };
+        handle.work_done(done).await?;
+        if meter.round >= args.rounds && !finishing {
+            finishing = true;
+            handle.finish().await;
         }
-        let deadline = tokio::time::Instant::now() + bound;
-        // A round ends when this peer has pushed `target` shares in all and folded in as
-        // many: with every view equal, each step has exactly one in-neighbour.
-        let round_done =
-            |m: &SgpPeer<PeerId>| m.steps_done() >= target && m.stats().shares_received >= target;
-        while !round_done(&machine) {
-            while let Some(output) = machine.poll_output() {
-                match output {
-                    SgpOutput::StartStep { step } => {
-                        // A step past the round waits for the next round.
-                        if step < target {
-                            let now = peer.now();
-                            machine.handle(now, SgpInput::LocalStepDone)?;
-                        } else {
-                            pending = Some(step);
-                        }
-                    }
-                    SgpOutput::SendShare {
-                        to,
-                        header,
-                        payload,
-                    } => {
-                        let elements = u32::try_from(args.elements)?;
-                        let parcel = Parcel::Share(header.to_wire(elements), payload);
-                        if let Err(parcel) = peer.outbox.send(to, header.seq, parcel) {
-                            let payload = parcel.into_payload();
-                            let now = peer.now();
-                            let input = SgpInput::ShareReturned {
-                                to,
-                                header,
-                                payload: &payload,
-                                receiver_gone: false,
-                            };
-                            machine.handle(now, input)?;
-                        }
-                    }
-                    SgpOutput::Departed => {}
-                }
-            }
-            if round_done(&machine) {
-                break;
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "gossip round {round} took longer than {bound:?}"
-            );
-            let timer = machine
-                .poll_timeout()
-                .map(|t| peer.instant_of(t))
-                .unwrap_or(deadline)
-                .min(deadline);
-            tokio::select! {
-                Some(d) = peer.mailbox.recv() => {
-                    if let Parcel::Share(share, payload) = &d.parcel {
-                        let header = ShareHeader::from_wire(share, 0);
-                        let now = peer.now();
-                        let input = SgpInput::ShareReceived { from: d.from, header, payload };
-                        if let Err(e) = machine.handle(now, input) {
-                            tracing::warn!(error = %e, "share refused");
-                        }
-                    }
-                    peer.mailbox.recycle(d.parcel.into_payload());
-                }
-                Some(report) = peer.outbox.next_report() => {
-                    let now = peer.now();
-                    let to = report.to;
-                    if let Parcel::Share(share, payload) = report.parcel {
-                        if report.result.is_ok() {
-                            machine.handle(now, SgpInput::ShareDelivered { to, seq: report.tag })?;
-                        } else {
-                            let header = ShareHeader::from_wire(&share, report.tag);
-                            let input = SgpInput::ShareReturned {
-                                to,
-                                header,
-                                payload: &payload,
-                                // A failed stream is not a departed peer: the network
-                                // says when its last connection closes.
-                                receiver_gone: peer.disconnected.contains(&to),
-                            };
-                            machine.handle(now, input)?;
-                        }
-                        machine.recycle(payload);
-                    }
-                }
-                () = tokio::time::sleep_until(timer) => {
-                    let now = peer.now();
-                    machine.handle(now, SgpInput::Tick)?;
-                }
-            }
-        }
-        machine.debiased_into(&mut z)?;
-        let sent = peer.net.metrics().snapshot().tensor_bytes_sent - sent_before;
-        let time_s = started.elapsed().as_secs_f64();
-        emit(json!({
-            "event": "round",
-            "round": round,
-            "time_s": time_s,
-            "until_idle_s": time_s,
-            "began_unix_s": began,
-            "finished_unix_s": began + time_s,
-            "bytes_sent": sent,
-            "rel_error": relative_error(&z, &exact),
-            "coverage": 1.0,
-            "group": args.peers,
-        }));
     }
+    handle
+        .stopped()
+        .await
+        .context("the averaging engine stopped")?;
+    emit(json!({"event": "done"}));
     Ok(())
 }

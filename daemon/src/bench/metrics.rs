@@ -82,6 +82,7 @@ impl Collection {
                 swarm: "bench".into(),
                 mode: AveragingMode::Sgp.name().into(),
                 codec: "f32".into(),
+                device: "cpu".into(),
             })
         });
         Collection {
@@ -97,6 +98,8 @@ impl Collection {
                 download_bytes_per_s: 1 << 20,
                 mode: AveragingMode::Sgp,
                 samples_accumulated: 0,
+                looking_round: 0,
+                looking_until_ms: 0,
             },
             learning_rate: 1e-3,
             rate: 0.0,

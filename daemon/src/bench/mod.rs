@@ -6,6 +6,7 @@ mod codecs;
 mod metrics;
 mod stream;
 mod timing;
+mod train;
 
 use crate::cli::BenchCommand;
 
@@ -16,5 +17,6 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Allreduce(args) => allreduce::run(&args),
         BenchCommand::AllreducePeer(args) => allreduce_peer::run(&args),
         BenchCommand::Metrics(args) => metrics::run(&args),
+        BenchCommand::Train(args) => train::run(&args),
     }
 }

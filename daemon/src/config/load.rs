@@ -5,13 +5,16 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use murmur_gossip::engine::ModeSettings;
 use murmur_gossip::net::NetConfig;
+use murmur_gossip::sgp::SgpConfig;
 use murmur_protocol::identity::{Invite, Keypair, MAX_INVITE_LEN};
+use murmur_protocol::message::AveragingMode;
 use murmur_trainer::DataSource;
 
 use super::error::ConfigError;
 use super::locate::{Document, line_col};
-use super::schema::{CheckpointSection, Config};
+use super::schema::{AveragingSection, CheckpointSection, Config};
 use super::validate::{Checked, Locator, check};
 use super::{Averaging, LoadedConfig, Training};
 
@@ -127,14 +130,10 @@ impl ConfigFile {
             start_timeout: Duration::from_millis(config.training.start_timeout_ms),
         };
         let averaging = Averaging {
-            mode: config.averaging.mode,
+            mode: mode_settings(&config.averaging, sgp),
             codec,
-            target_batch: config.averaging.target_batch,
+            error_feedback: config.averaging.error_feedback,
             heartbeat_interval: Duration::from_millis(config.averaging.heartbeat_interval_ms),
-            sgp: sgp.clone(),
-            butterfly: config.averaging.butterfly.clone(),
-            local_sgd: config.averaging.local_sgd,
-            ring: config.averaging.ring,
         };
         let checkpoint = CheckpointSection {
             dir: self.resolve(&config.checkpoint.dir),
@@ -156,6 +155,27 @@ impl ConfigFile {
             metrics_listen: *metrics_listen,
             log: config.log.clone(),
         })
+    }
+}
+
+/// `averaging.mode` with the settings only that mode reads: the one place a config's mode
+/// is matched.
+fn mode_settings(a: &AveragingSection, sgp: &SgpConfig) -> ModeSettings {
+    let butterfly = a.butterfly.clone();
+    match a.mode {
+        AveragingMode::Sgp => ModeSettings::Sgp(sgp.clone()),
+        AveragingMode::Butterfly => ModeSettings::Butterfly {
+            target_batch: a.target_batch,
+            butterfly,
+        },
+        AveragingMode::LocalSgd => ModeSettings::LocalSgd {
+            local: a.local_sgd,
+            butterfly,
+        },
+        AveragingMode::SyncRing => ModeSettings::SyncRing {
+            timeout: Duration::from_millis(a.ring.timeout_ms),
+            butterfly,
+        },
     }
 }
 

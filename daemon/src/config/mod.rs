@@ -24,19 +24,15 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::engine::ModeSettings;
 use murmur_gossip::net::NetConfig;
-use murmur_gossip::sgp::SgpConfig;
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 use murmur_trainer::{Model, TaskConfig};
 
 pub(crate) use error::ConfigError;
 pub(crate) use load::ConfigFile;
-pub(crate) use schema::{
-    AveragingMode, CheckpointSection, LocalSgdSection, LogFormat, LogSection, RingSection,
-    VolunteerSection,
-};
+pub(crate) use schema::{CheckpointSection, LogFormat, LogSection, VolunteerSection};
 pub(crate) use validate::DeviceChoice;
 
 /// Reads, checks and loads the config file at `path`, checking the invite against this
@@ -107,22 +103,15 @@ pub(crate) struct Training {
 /// `[averaging]`, loaded.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Averaging {
-    /// The algorithm.
-    pub(crate) mode: AveragingMode,
+    /// `averaging.mode`, with the settings only that mode reads (SGP's `share_codec` is
+    /// `codec`).
+    pub(crate) mode: ModeSettings,
     /// The wire codec of every mode.
     pub(crate) codec: CodecSpec,
-    /// Butterfly: the swarm batch that triggers a round.
-    pub(crate) target_batch: u64,
+    /// `averaging.error_feedback`.
+    pub(crate) error_feedback: bool,
     /// Between this peer's heartbeats.
     pub(crate) heartbeat_interval: Duration,
-    /// SGP's settings, `share_codec` = `codec`.
-    pub(crate) sgp: SgpConfig,
-    /// Butterfly's settings.
-    pub(crate) butterfly: ButterflyConfig,
-    /// Local SGD's settings.
-    pub(crate) local_sgd: LocalSgdSection,
-    /// The sync ring's settings.
-    pub(crate) ring: RingSection,
 }
 
 /// The model's parameter count, when it follows from the config alone (every data source

@@ -7,12 +7,14 @@
 use std::path::PathBuf;
 
 use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::engine::LocalSgdSettings;
 use murmur_gossip::net::NetConfig;
+use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataConfig, ModelConfig, OptimizerConfig, ScheduleConfig, TaskPreset};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The whole config file. Every section but `[swarm]` may be left out.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Config {
     /// `[identity]`: this peer's key.
@@ -69,7 +71,7 @@ fn default_schedule() -> ScheduleConfig {
 }
 
 /// `[identity]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct IdentitySection {
     /// The ed25519 key file (mode 0600), relative to the config file.
@@ -85,7 +87,7 @@ impl Default for IdentitySection {
 }
 
 /// `[swarm]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SwarmSection {
     /// The swarm's id (`[a-z0-9._-]`, 1 to 64 bytes).
@@ -102,7 +104,7 @@ fn default_invite_file() -> PathBuf {
 }
 
 /// `[volunteer]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct VolunteerSection {
     /// Upload cap in bytes per second; 0 = unlimited.
@@ -114,7 +116,7 @@ pub(crate) struct VolunteerSection {
 }
 
 /// `[training]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct TrainingSection {
     /// Local steps before this peer exports and exits; 0 = until stopped.
@@ -151,41 +153,18 @@ impl Default for TrainingSection {
     }
 }
 
-/// Which averaging algorithm a swarm runs (`averaging.mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum AveragingMode {
-    /// Stochastic Gradient Push: push a share of the parameters every step.
-    #[default]
-    Sgp,
-    /// Accumulate gradients to the target batch, then butterfly all-reduce them.
-    Butterfly,
-    /// H local steps, then average the outer update (DiLoCo-style).
-    LocalSgd,
-    /// Synchronous ring all-reduce every step (the baseline; not fault tolerant).
-    SyncRing,
-}
-
-impl AveragingMode {
-    /// The name as written in the config.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            AveragingMode::Sgp => "sgp",
-            AveragingMode::Butterfly => "butterfly",
-            AveragingMode::LocalSgd => "local-sgd",
-            AveragingMode::SyncRing => "sync-ring",
-        }
-    }
-}
-
 /// `[averaging]`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct AveragingSection {
-    /// The algorithm.
+    /// The algorithm: `sgp`, `butterfly`, `local-sgd` or `sync-ring`.
+    #[serde(with = "mode_name")]
     pub(crate) mode: AveragingMode,
     /// The wire codec of every averaging mode, as `CodecSpec` text.
     pub(crate) codec: String,
+    /// Carry what a lossy codec loses in one round into the next (butterfly, sync-ring and
+    /// local-sgd; SGP's shares conserve mass exactly by their own scheme).
+    pub(crate) error_feedback: bool,
     /// Butterfly: average once the swarm's accumulated samples reach this.
     pub(crate) target_batch: u64,
     /// Milliseconds between this peer's membership heartbeats.
@@ -194,8 +173,8 @@ pub(crate) struct AveragingSection {
     pub(crate) sgp: SgpSection,
     /// `[averaging.butterfly]`, as murmur-gossip defines it.
     pub(crate) butterfly: ButterflyConfig,
-    /// `[averaging.local_sgd]`.
-    pub(crate) local_sgd: LocalSgdSection,
+    /// `[averaging.local_sgd]`, as murmur-gossip defines it.
+    pub(crate) local_sgd: LocalSgdSettings,
     /// `[averaging.ring]`.
     pub(crate) ring: RingSection,
 }
@@ -205,18 +184,19 @@ impl Default for AveragingSection {
         AveragingSection {
             mode: AveragingMode::Sgp,
             codec: "int8:64".to_owned(),
+            error_feedback: true,
             target_batch: 256,
             heartbeat_interval_ms: 1_000,
             sgp: SgpSection::default(),
             butterfly: ButterflyConfig::default(),
-            local_sgd: LocalSgdSection::default(),
+            local_sgd: LocalSgdSettings::default(),
             ring: RingSection::default(),
         }
     }
 }
 
 /// `[averaging.sgp]`: SGP's settings but the codec, which is `averaging.codec`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SgpSection {
     /// Out-peers per step.
@@ -240,30 +220,8 @@ impl Default for SgpSection {
     }
 }
 
-/// `[averaging.local_sgd]`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub(crate) struct LocalSgdSection {
-    /// H: local steps between averaging rounds.
-    pub(crate) local_steps: u32,
-    /// Outer learning rate applied to the averaged pseudo-gradient.
-    pub(crate) outer_lr: f32,
-    /// Outer Nesterov momentum.
-    pub(crate) outer_momentum: f32,
-}
-
-impl Default for LocalSgdSection {
-    fn default() -> Self {
-        LocalSgdSection {
-            local_steps: 8,
-            outer_lr: 0.7,
-            outer_momentum: 0.9,
-        }
-    }
-}
-
 /// `[averaging.ring]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct RingSection {
     /// Milliseconds a ring step may take before the round is abandoned.
@@ -277,7 +235,7 @@ impl Default for RingSection {
 }
 
 /// `[checkpoint]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct CheckpointSection {
     /// The checkpoint folder, relative to the config file.
@@ -299,7 +257,7 @@ impl Default for CheckpointSection {
 }
 
 /// `[metrics]`.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct MetricsSection {
     /// `HOST:PORT` of the HTTP endpoint (`/metrics`, `/status`, `/healthz`); absent = off.
@@ -307,7 +265,7 @@ pub(crate) struct MetricsSection {
 }
 
 /// How log lines are written (`log.format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub(crate) enum LogFormat {
     /// One readable line per event.
@@ -318,7 +276,7 @@ pub(crate) enum LogFormat {
 }
 
 /// `[log]`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct LogSection {
     /// A level (`error` … `trace`) or a `tracing` filter; `RUST_LOG` overrides it.
@@ -333,5 +291,20 @@ impl Default for LogSection {
             level: "info".to_owned(),
             format: LogFormat::Human,
         }
+    }
+}
+
+/// `averaging.mode` as the config spells it: the mode's name.
+mod mode_name {
+    use murmur_protocol::message::AveragingMode;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(mode: &AveragingMode, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(mode.name())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<AveragingMode, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{Invite, Keypair, SwarmId};
-use murmur_trainer::TaskPreset;
+use murmur_trainer::{TaskPreset, TrainerDevice};
 
 use super::*;
 
@@ -107,8 +107,11 @@ fn a_complete_swarm_folder_loads_with_everything_filled_in() {
     assert_eq!(loaded.net.authority, s.authority.peer_id().to_string());
     assert_eq!(loaded.net.invite, loaded.invite.encode());
     assert_eq!(loaded.averaging.codec, CodecSpec::Int8 { block: 64 });
-    assert_eq!(loaded.averaging.sgp.share_codec, loaded.averaging.codec);
-    assert_eq!(loaded.averaging.mode, AveragingMode::Sgp);
+    let ModeSettings::Sgp(sgp) = &loaded.averaging.mode else {
+        panic!("the template's mode is sgp: {:?}", loaded.averaging.mode);
+    };
+    assert_eq!(sgp.share_codec, loaded.averaging.codec);
+    assert!(loaded.averaging.error_feedback);
     assert_eq!(loaded.training.device, DeviceChoice::Auto);
     assert_eq!(loaded.checkpoint.dir, s.dir.path().join("checkpoints"));
     assert_eq!(loaded.metrics_listen, None);
@@ -226,6 +229,33 @@ fn out_of_range_values_name_their_key_line_and_value() {
     }
 }
 
+/// A GPU device is a valid value, but one a build without CUDA refuses at load time, naming
+/// the key and line; `cpu` and `auto` load in every build.
+#[test]
+fn a_gpu_device_needs_a_cuda_build() {
+    let s = Swarm::new();
+    let template = std::fs::read_to_string(s.config_path()).unwrap();
+    let line = line_of(&template, "device = \"auto\"");
+    for (value, choice) in [
+        ("cpu", DeviceChoice::Fixed(TrainerDevice::Cpu)),
+        ("auto", DeviceChoice::Auto),
+        ("cuda", DeviceChoice::Fixed(TrainerDevice::Cuda(0))),
+        ("cuda:1", DeviceChoice::Fixed(TrainerDevice::Cuda(1))),
+    ] {
+        s.write_edited(&[("device = \"auto\"\n", &format!("device = \"{value}\"\n"))]);
+        let refused = value.starts_with("cuda") && !TrainerDevice::CUDA_BUILT;
+        match s.load() {
+            Ok(loaded) if !refused => assert_eq!(loaded.training.device, choice),
+            Err(err) if refused => {
+                assert_eq!(err.key(), Some("training.device"), "{err}");
+                assert_eq!(err.line(), Some(line), "{err}");
+                assert!(err.to_string().contains("built without CUDA"), "{err}");
+            }
+            other => panic!("device = {value:?}: {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_conflict_with_a_default_names_the_default_and_its_table() {
     let s = Swarm::new();
@@ -302,10 +332,45 @@ fn the_sgp_table_becomes_an_sgp_config_with_the_swarm_codec() {
     s.write_edited(&[
         ("codec = \"int8:64\"\n", "codec = \"f16\"\n"),
         ("out_degree = 1\n", "out_degree = 3\n"),
-        ("mode = \"sgp\"\n", "mode = \"local-sgd\"\n"),
     ]);
     let loaded = s.load().unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(loaded.averaging.sgp.out_degree, 3);
-    assert_eq!(loaded.averaging.sgp.share_codec, CodecSpec::F16);
-    assert_eq!(loaded.averaging.mode, AveragingMode::LocalSgd);
+    let ModeSettings::Sgp(sgp) = &loaded.averaging.mode else {
+        panic!("{:?}", loaded.averaging.mode);
+    };
+    assert_eq!(sgp.out_degree, 3);
+    assert_eq!(sgp.share_codec, CodecSpec::F16);
+}
+
+/// Each mode carries the settings only it reads, from its own table.
+#[test]
+fn every_mode_carries_its_own_tables_settings() {
+    let cases = [
+        ("butterfly", "target_batch = 256\n", "target_batch = 96\n"),
+        ("local-sgd", "local_steps = 8\n", "local_steps = 3\n"),
+        (
+            "sync-ring",
+            "[averaging.ring]\n# Milliseconds a ring step may take before the round is abandoned. Default: 10000.\ntimeout_ms = 10000\n",
+            "[averaging.ring]\ntimeout_ms = 7000\n",
+        ),
+    ];
+    for (mode, from, to) in cases {
+        let s = Swarm::new();
+        let line = format!("mode = \"{mode}\"\n");
+        s.write_edited(&[
+            ("mode = \"sgp\"\n", line.as_str()),
+            (from, to),
+            ("error_feedback = true\n", "error_feedback = false\n"),
+        ]);
+        let loaded = s.load().unwrap_or_else(|e| panic!("{mode}: {e}"));
+        assert!(!loaded.averaging.error_feedback, "{mode}");
+        match &loaded.averaging.mode {
+            ModeSettings::Butterfly { target_batch, .. } => assert_eq!(*target_batch, 96),
+            ModeSettings::LocalSgd { local, .. } => assert_eq!(local.local_steps, 3),
+            ModeSettings::SyncRing { timeout, .. } => {
+                assert_eq!(*timeout, std::time::Duration::from_millis(7000));
+            }
+            other => panic!("{mode}: {other:?}"),
+        }
+        assert_eq!(loaded.averaging.mode.mode().name(), mode);
+    }
 }

@@ -147,6 +147,16 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
             )
         })?),
     };
+    if let DeviceChoice::Fixed(TrainerDevice::Cuda(_)) = device
+        && !TrainerDevice::CUDA_BUILT
+    {
+        return Err(at.invalid(
+            "training.device",
+            "auto",
+            "this murmur was built without CUDA, so it cannot train on a GPU: use \"auto\" or \
+             \"cpu\", or a murmur built with `--features cuda` (docs/gpu.md)",
+        ));
+    }
     let metrics_listen = match &config.metrics.listen {
         None => None,
         Some(text) => Some(SocketAddr::from_str(text).map_err(|e| {

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 use murmur_protocol::codec::CodecSpec;
+pub(crate) use murmur_protocol::message::AveragingMode;
 use murmur_trainer::TaskPreset;
 
 use crate::hosts::Hosts;
@@ -27,8 +28,8 @@ pub(crate) struct LocalArgs {
     /// Peers to start, 1 to 64.
     #[arg(long, default_value_t = 4)]
     pub(crate) peers: usize,
-    /// How the peers average.
-    #[arg(long, value_enum, default_value_t = AveragingMode::Sgp)]
+    /// How the peers average: `sgp`, `butterfly`, `local-sgd` or `sync-ring`.
+    #[arg(long, default_value = "sgp", value_parser = crate::cli::parse_mode)]
     pub(crate) mode: AveragingMode,
     /// The wire codec of averaging, e.g. `f32`, `int8:64`, `int4`, `sign1`, `topk:10000`.
     #[arg(long, default_value = "int8:64")]
@@ -65,31 +66,6 @@ pub(crate) struct LocalArgs {
     /// straggler's padded step is stretched by its factor. 0 = off.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub(crate) synthetic_step_ms: u64,
-}
-
-/// `[averaging] mode` of every peer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum AveragingMode {
-    /// Stochastic Gradient Push: push a share of the parameters every step.
-    Sgp,
-    /// Accumulate gradients until the swarm reaches a target batch, then butterfly all-reduce.
-    Butterfly,
-    /// Several local steps, then average parameters.
-    LocalSgd,
-    /// Synchronous ring all-reduce, the baseline.
-    SyncRing,
-}
-
-impl AveragingMode {
-    /// The mode as the config file spells it.
-    pub(crate) fn config_name(self) -> &'static str {
-        match self {
-            AveragingMode::Sgp => "sgp",
-            AveragingMode::Butterfly => "butterfly",
-            AveragingMode::LocalSgd => "local-sgd",
-            AveragingMode::SyncRing => "sync-ring",
-        }
-    }
 }
 
 /// One slowed-down peer.
@@ -405,11 +381,11 @@ mod tests {
     }
 
     #[test]
-    fn modes_have_their_config_spelling() {
-        use clap::ValueEnum;
-        for mode in AveragingMode::value_variants() {
-            let flag = mode.to_possible_value().unwrap();
-            assert_eq!(flag.get_name(), mode.config_name());
+    fn every_mode_is_taken_by_its_config_name() {
+        for mode in AveragingMode::ALL {
+            assert_eq!(crate::cli::parse_mode(mode.name()), Ok(mode));
         }
+        assert_eq!(crate::cli::parse_mode("ring"), Ok(AveragingMode::SyncRing));
+        assert!(crate::cli::parse_mode("gossip").is_err());
     }
 }

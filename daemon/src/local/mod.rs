@@ -26,7 +26,6 @@ use std::io::{BufWriter, Write};
 
 use anyhow::Context;
 
-pub(crate) use self::args::AveragingMode as LocalAveragingMode;
 pub(crate) use self::args::LocalArgs;
 pub(crate) use self::args::LocalPlan;
 use self::live::LiveView;
@@ -65,7 +64,7 @@ fn run_swarm(plan: &LocalPlan, launcher: &Launcher, limits: &Limits) -> anyhow::
         &format!(
             "{} peers, {}, {}, {} steps; folder {}",
             plan.peers,
-            plan.mode.config_name(),
+            plan.mode.name(),
             plan.codec,
             plan.steps,
             dir.root().display()

@@ -157,7 +157,7 @@ impl Summary {
             .count();
         Summary {
             peers: plan.peers,
-            mode: plan.mode.config_name(),
+            mode: plan.mode.name(),
             codec: plan.codec.to_string(),
             steps: plan.steps,
             churn: plan.churn,

@@ -11,14 +11,18 @@
 //! <out>/peer-0/checkpoints/
 //! ```
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use murmur_gossip::net::NetConfig;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 use murmur_trainer::TaskPreset;
 
 use super::args::LocalPlan;
+use crate::config::schema::{
+    AveragingSection, CheckpointSection, Config, IdentitySection, LogSection, MetricsSection,
+    SwarmSection, TrainingSection, VolunteerSection,
+};
 use crate::input_error::BadInput;
 
 /// The swarm id of every local swarm: peers of two local swarms never share invites anyway.
@@ -109,13 +113,34 @@ impl SwarmDir {
         index: usize,
         bootstrap: &[String],
     ) -> anyhow::Result<()> {
-        let text = peer_config_text(&PeerConfig {
+        let config = self.peer_config(plan, index, bootstrap);
+        self.write_peer_config(plan, index, &config)
+    }
+
+    /// Peer `index`'s config, for a caller to adjust before [`SwarmDir::write_peer_config`].
+    pub(crate) fn peer_config(
+        &self,
+        plan: &LocalPlan,
+        index: usize,
+        bootstrap: &[String],
+    ) -> Config {
+        peer_config(&PeerConfig {
             plan,
             index,
             authority: &self.authority,
             bootstrap,
             cpu_threads: cpu_threads_per_peer(plan.peers),
-        });
+        })
+    }
+
+    /// Writes `config` as peer `index`'s config file.
+    pub(crate) fn write_peer_config(
+        &self,
+        plan: &LocalPlan,
+        index: usize,
+        config: &Config,
+    ) -> anyhow::Result<()> {
+        let text = config_text(plan, index, config)?;
         let path = self.config_path(index);
         std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))
     }
@@ -187,63 +212,77 @@ pub(crate) struct PeerConfig<'a> {
 
 /// The config file of one peer, in the daemon's schema. The task sections are left out, so
 /// the daemon trains the built-in preset.
-pub(crate) fn peer_config_text(c: &PeerConfig<'_>) -> String {
+/// The config file of one peer, as `murmur run` reads it: the config struct itself, every
+/// section at the built-in task's and the daemon's defaults but what a local swarm sets.
+pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
     let plan = c.plan;
-    let mut t = String::with_capacity(1024);
-    // `write!` into a String cannot fail.
-    let _ = writeln!(
-        t,
-        "# murmur local: peer {} of {}. Paths are relative to this file.\n",
-        c.index, plan.peers
-    );
-    let _ = writeln!(t, "[identity]\nkey_file = {}\n", quoted(KEY_FILE));
-    let _ = writeln!(
-        t,
-        "[swarm]\nid = {}\nauthority = {}\ninvite_file = {}\n",
-        quoted(SWARM_ID),
-        quoted(&c.authority.to_string()),
-        quoted(INVITE_FILE)
-    );
-    let bootstrap: Vec<String> = c.bootstrap.iter().map(|a| quoted(a)).collect();
+    let task = TaskPreset::default_local();
     // QUIC only, as a swarm on one host needs no TCP fallback.
     let [quic, _tcp] = plan.hosts.listen_addrs(c.index);
-    let _ = writeln!(
-        t,
-        "[net]\nlisten_addrs = [{}]\nbootstrap = [{}]\nmdns = false\n",
-        quoted(&quic),
-        bootstrap.join(", ")
-    );
-    let _ = writeln!(t, "[volunteer]\ncpu_threads = {}\n", c.cpu_threads);
-    let _ = writeln!(
-        t,
-        "[training]\nsteps = {}\neval_every_steps = {}\nmin_peers = {}",
-        plan.steps,
-        eval_every_steps(plan.steps),
-        plan.peers.saturating_sub(1)
-    );
-    let slowdown = plan.slowdown(c.index);
-    if slowdown > 1.0 {
-        let _ = writeln!(t, "slowdown = {slowdown:?}");
+    let defaults = TrainingSection::default();
+    Config {
+        identity: IdentitySection {
+            key_file: KEY_FILE.into(),
+        },
+        swarm: SwarmSection {
+            id: SWARM_ID.to_owned(),
+            authority: c.authority.to_string(),
+            invite_file: INVITE_FILE.into(),
+        },
+        net: NetConfig {
+            listen_addrs: vec![quic],
+            bootstrap: c.bootstrap.to_vec(),
+            mdns: false,
+            ..NetConfig::default()
+        },
+        volunteer: VolunteerSection {
+            cpu_threads: c.cpu_threads,
+            ..VolunteerSection::default()
+        },
+        model: task.model,
+        optimizer: task.optimizer,
+        schedule: task.schedule,
+        training: TrainingSection {
+            steps: plan.steps,
+            eval_every_steps: eval_every_steps(plan.steps),
+            min_peers: plan.peers.saturating_sub(1),
+            slowdown: plan.slowdown(c.index).max(1.0),
+            synthetic_step_ms: plan.synthetic_step_ms,
+            ..defaults
+        },
+        averaging: AveragingSection {
+            mode: plan.mode,
+            codec: plan.codec.to_string(),
+            // One round per local step of every peer: the same batch as the sync ring's.
+            target_batch: plan.peers as u64 * task.data.batch_size as u64,
+            ..AveragingSection::default()
+        },
+        data: task.data,
+        checkpoint: CheckpointSection {
+            dir: "checkpoints".into(),
+            every_steps: checkpoint_every_steps(plan.steps),
+            ..CheckpointSection::default()
+        },
+        metrics: MetricsSection {
+            listen: Some("127.0.0.1:0".to_owned()),
+        },
+        log: LogSection::default(),
     }
-    if plan.synthetic_step_ms > 0 {
-        let _ = writeln!(t, "synthetic_step_ms = {}", plan.synthetic_step_ms);
-    }
-    let _ = writeln!(
-        t,
-        "\n[averaging]\nmode = {}\ncodec = {}\ntarget_batch = {}\n",
-        quoted(plan.mode.config_name()),
-        quoted(&plan.codec.to_string()),
-        // One round per local step of every peer: the same batch as the sync ring's.
-        plan.peers as u64 * TaskPreset::default_local().data.batch_size as u64
-    );
-    let _ = writeln!(
-        t,
-        "[checkpoint]\ndir = {}\nevery_steps = {}\n",
-        quoted("checkpoints"),
-        checkpoint_every_steps(plan.steps)
-    );
-    let _ = writeln!(t, "[metrics]\nlisten = {}", quoted("127.0.0.1:0"));
-    t
+}
+
+/// `config` as TOML, under a comment that says what wrote it.
+fn config_text(plan: &LocalPlan, index: usize, config: &Config) -> anyhow::Result<String> {
+    let body = toml::to_string(config).context("writing a peer's config as TOML")?;
+    Ok(format!(
+        "# murmur local: peer {index} of {}. Paths are relative to this file.\n\n{body}",
+        plan.peers
+    ))
+}
+
+/// [`peer_config`] as the file `murmur run` reads.
+#[cfg(test)]
+fn peer_config_text(c: &PeerConfig<'_>) -> String {
+    config_text(c.plan, c.index, &peer_config(c)).expect("a config serializes")
 }
 
 /// About a dozen evals per run for the loss plot, but between every 5 and every 50 steps:
@@ -256,27 +295,6 @@ fn eval_every_steps(steps: u64) -> u64 {
 /// model's checkpoint is small.
 fn checkpoint_every_steps(steps: u64) -> u64 {
     (steps / 10).clamp(10, 100)
-}
-
-/// A TOML basic string holding `s`.
-fn quoted(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04X}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]
@@ -346,7 +364,10 @@ mod tests {
         assert_eq!(t["checkpoint"]["every_steps"].as_integer(), Some(10));
         assert_eq!(t["metrics"]["listen"].as_str(), Some("127.0.0.1:0"));
         for task_section in ["model", "data", "optimizer", "schedule"] {
-            assert!(!t.contains_key(task_section), "{task_section} is left out");
+            assert!(
+                t.contains_key(task_section),
+                "{task_section} is written out"
+            );
         }
     }
 
@@ -361,7 +382,7 @@ mod tests {
             bootstrap: &[],
             cpu_threads: 1,
         }));
-        assert!(!t["training"].as_table().unwrap().contains_key("slowdown"));
+        assert_eq!(t["training"]["slowdown"].as_float(), Some(1.0));
         assert!(t["net"]["bootstrap"].as_array().unwrap().is_empty());
     }
 
@@ -381,10 +402,7 @@ mod tests {
         assert_eq!(loaded.training.steps, 40);
         assert_eq!(loaded.training.slowdown, 2.0);
         assert_eq!(loaded.averaging.codec, plan.codec);
-        assert_eq!(
-            format!("{:?}", loaded.averaging.mode).to_lowercase(),
-            "butterfly"
-        );
+        assert_eq!(loaded.averaging.mode.mode(), plan.mode);
         assert_eq!(loaded.checkpoint.dir, dir.peer_dir(1).join("checkpoints"));
         assert_eq!(
             loaded.metrics_listen.map(|a| a.ip().to_string()),
@@ -431,13 +449,6 @@ mod tests {
             std::time::Duration::from_millis(150)
         );
         assert_eq!(loaded.training.slowdown, 4.0);
-    }
-
-    #[test]
-    fn quoting_survives_toml_parsing() {
-        let nasty = "a\"b\\c\nd\u{1}e";
-        let t = table(&format!("k = {}", quoted(nasty)));
-        assert_eq!(t["k"].as_str(), Some(nasty));
     }
 
     #[test]

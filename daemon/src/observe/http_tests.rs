@@ -18,7 +18,11 @@ struct Running {
 }
 
 async fn start(limits: HttpLimits) -> Running {
-    let metrics = Metrics::new(MetricsOptions { gpu: true }).expect("registers");
+    let metrics = Metrics::new(MetricsOptions {
+        gpu: true,
+        ..MetricsOptions::default()
+    })
+    .expect("registers");
     metrics
         .network
         .attach(Arc::new(busy_net()))
@@ -44,6 +48,7 @@ async fn start(limits: HttpLimits) -> Running {
         swarm: "tiny-lm".to_owned(),
         mode: "sgp".to_owned(),
         codec: "f16".to_owned(),
+        device: "cpu".to_owned(),
     });
     board.record_step(3, 96, 2.5, 40.0);
     board.record_round(&round);
@@ -285,6 +290,7 @@ async fn status_json_round_trips_and_matches_the_board() {
         (report.swarm.as_str(), report.mode.as_str()),
         ("tiny-lm", "sgp")
     );
+    assert_eq!(report.device, "cpu");
     assert_eq!(
         (report.step, report.samples, report.loss),
         (3, 96, Some(2.5))
@@ -429,6 +435,7 @@ async fn an_address_in_use_is_a_clear_error() {
         swarm: String::new(),
         mode: String::new(),
         codec: String::new(),
+        device: String::new(),
     });
     let result = serve(
         addr,

@@ -20,7 +20,7 @@
 //! `bf16`, `int8`, `int4`, `sign1`, `topk`) or `none` for messages that carry no tensor;
 //! `kind` is a frame kind (`tensor_part_chunk`, `averaged_chunk`, `push_sum_share`,
 //! `state_sync_response`, …); `direction` is `upload` or `download`; `peer` is a peer id
-//! (at most [`network::MAX_PEER_SERIES`] peers are exported).
+//! (at most [`network::MAX_PEER_SERIES`] peers are exported); `device` is `cpu` or `cuda:N`.
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
@@ -30,6 +30,7 @@
 //! | `murmur_training_eval_loss` | gauge | | loss of the last evaluation |
 //! | `murmur_training_samples_per_second` | gauge | | recent training throughput |
 //! | `murmur_training_learning_rate` | gauge | | learning rate of the last step |
+//! | `murmur_training_device_info` | gauge | device | always 1; `device` is where the model's passes run (`cpu`, `cuda:N`) |
 //! | `murmur_averaging_rounds_total` | counter | mode, outcome | averaging rounds finished |
 //! | `murmur_averaging_round_duration_seconds` | histogram | mode, outcome | wall time of one round, start to applied |
 //! | `murmur_averaging_coverage_ratio` | gauge | mode | fraction of the vector averaged with at least one other peer, last round |
@@ -52,6 +53,7 @@
 //! | `murmur_net_bad_frames_total` | counter | | tensor streams closed for a bad frame or message |
 //! | `murmur_net_gossip_rejected_total` | counter | | gossip messages rejected |
 //! | `murmur_net_heartbeats_received_total` | counter | | heartbeats accepted |
+//! | `murmur_net_heartbeats_refused_total` | counter | reason (`uninvited_signer`) | heartbeats refused by their signer, whoever forwarded them: the signer holds no invite this peer verified and that is still valid (also in `murmur_net_gossip_rejected_total`) |
 //! | `murmur_net_tensor_streams_accepted_total` | counter | | inbound tensor streams handed to the run loop |
 //! | `murmur_net_tensor_streams_refused_total` | counter | reason (`unauthorized`, `limit`) | inbound tensor streams dropped unread |
 //! | `murmur_process_resident_memory_bytes` | gauge | | resident set size (`/proc/self/status` `VmRSS`) |

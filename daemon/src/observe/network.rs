@@ -187,6 +187,7 @@ struct NetCollector {
     source: SharedSource,
     counters: Vec<(Desc, ReadCounter)>,
     streams_refused: Desc,
+    heartbeats_refused: Desc,
     throughput: Desc,
 }
 
@@ -225,7 +226,7 @@ impl NetCollector {
             ),
             (
                 "murmur_net_gossip_rejected_total",
-                "Gossip messages rejected (unauthorized forwarder, bad signature, bad body).",
+                "Gossip messages rejected (unauthorized forwarder, bad signature, bad body, uninvited signer).",
                 |s| s.gossip_rejected,
             ),
             (
@@ -251,6 +252,11 @@ impl NetCollector {
                 "Inbound tensor streams dropped unread, by reason.",
                 &["reason"],
             )?,
+            heartbeats_refused: describe(
+                "murmur_net_heartbeats_refused_total",
+                "Heartbeats refused by their signer, whoever forwarded them, by reason.",
+                &["reason"],
+            )?,
             throughput: describe(
                 "murmur_net_peer_throughput_bytes_per_second",
                 "Measured transfer rate to (upload) or from (download) one peer.",
@@ -264,6 +270,7 @@ impl Collector for NetCollector {
     fn desc(&self) -> Vec<&Desc> {
         let mut descs: Vec<&Desc> = self.counters.iter().map(|(d, _)| d).collect();
         descs.push(&self.streams_refused);
+        descs.push(&self.heartbeats_refused);
         descs.push(&self.throughput);
         descs
     }
@@ -294,6 +301,17 @@ impl Collector for NetCollector {
         .map(|(reason, n)| sample(&[("reason", reason)], *n as f64, counter))
         .collect();
         families.push(family(&self.streams_refused, counter, refused));
+        let uninvited = snapshot.heartbeats_refused_uninvited_signer as f64;
+        let heartbeats_refused = vec![sample(
+            &[("reason", "uninvited_signer")],
+            uninvited,
+            counter,
+        )];
+        families.push(family(
+            &self.heartbeats_refused,
+            counter,
+            heartbeats_refused,
+        ));
 
         let mut peers = source.bandwidth();
         peers.sort_unstable_by_key(|(peer, _)| *peer);
@@ -361,6 +379,7 @@ pub(super) mod tests {
             tensor_streams_refused_limit: 6,
             bad_frames: 7,
             gossip_rejected: 8,
+            heartbeats_refused_uninvited_signer: 11,
             heartbeats_received: 9,
             tensor_bytes_sent: 10_000,
             tensor_bytes_received: 20_000,
@@ -413,6 +432,7 @@ pub(super) mod tests {
             "murmur_net_bad_frames_total 7".to_owned(),
             "murmur_net_gossip_rejected_total 8".to_owned(),
             "murmur_net_heartbeats_received_total 9".to_owned(),
+            r#"murmur_net_heartbeats_refused_total{reason="uninvited_signer"} 11"#.to_owned(),
             "murmur_net_tensor_bytes_sent_total 10000".to_owned(),
             "murmur_net_tensor_bytes_received_total 20000".to_owned(),
             format!(

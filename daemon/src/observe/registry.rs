@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 
+use murmur_trainer::TrainerDevice;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use prometheus::{Encoder as _, Registry, TextEncoder};
@@ -18,6 +19,8 @@ use super::training::TrainingMetrics;
 pub(crate) struct MetricsOptions {
     /// Register the `murmur_gpu_*` gauges: a GPU backend is in use.
     pub(crate) gpu: bool,
+    /// The device the model trains on, for `murmur_training_device_info`.
+    pub(crate) device: TrainerDevice,
 }
 
 /// Every metric of one daemon, registered once in one registry.
@@ -43,7 +46,7 @@ impl Metrics {
     /// Registers every metric in a fresh registry.
     pub(crate) fn new(options: MetricsOptions) -> Result<Metrics, ObserveError> {
         let registry = Registry::new();
-        let training = TrainingMetrics::register(&registry)?;
+        let training = TrainingMetrics::register(&registry, options.device)?;
         let averaging = AveragingMetrics::register(&registry)?;
         let network = NetworkMetrics::register(&registry)?;
         let gpu = if options.gpu {
@@ -169,7 +172,11 @@ mod tests {
 
     #[test]
     fn every_metric_is_registered_once_with_help_and_a_murmur_name() {
-        let metrics = Metrics::new(MetricsOptions { gpu: true }).expect("registers");
+        let metrics = Metrics::new(MetricsOptions {
+            gpu: true,
+            ..MetricsOptions::default()
+        })
+        .expect("registers");
         let families = metrics.registry.gather();
         let mut names: Vec<&str> = families.iter().map(|f| f.name()).collect();
         assert!(
@@ -190,7 +197,11 @@ mod tests {
     #[test]
     fn gpu_gauges_exist_only_when_asked_for() {
         let has_gpu = |gpu| {
-            let metrics = Metrics::new(MetricsOptions { gpu }).expect("registers");
+            let metrics = Metrics::new(MetricsOptions {
+                gpu,
+                ..MetricsOptions::default()
+            })
+            .expect("registers");
             metrics.gpu.set_memory(1, 2);
             let mut text = Vec::new();
             metrics.encode_text(&mut text).expect("encodes");

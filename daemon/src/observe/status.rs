@@ -29,6 +29,8 @@ pub(crate) struct StatusIdentity {
     pub(crate) mode: String,
     /// The tensor codec of averaging messages.
     pub(crate) codec: String,
+    /// Where the model's passes run: `cpu` or `cuda:N` (`training.device`, resolved).
+    pub(crate) device: String,
 }
 
 /// The document `/status` serves. Floats that are not finite (a diverged loss) are `null`,
@@ -43,6 +45,8 @@ pub(crate) struct StatusReport {
     pub(crate) mode: String,
     /// The tensor codec of averaging messages.
     pub(crate) codec: String,
+    /// Where the model's passes run: `cpu` or `cuda:N`.
+    pub(crate) device: String,
     /// Optimizer step this peer is at.
     pub(crate) step: u64,
     /// Samples trained on since the daemon started.
@@ -271,6 +275,7 @@ impl StatusBoard {
             swarm: s.identity.swarm.clone(),
             mode: s.identity.mode.clone(),
             codec: s.identity.codec.clone(),
+            device: s.identity.device.clone(),
             step: s.step,
             samples: s.samples,
             loss: s.loss,

@@ -13,6 +13,7 @@ fn board() -> StatusBoard {
         swarm: "tiny-lm".to_owned(),
         mode: "butterfly".to_owned(),
         codec: "int8".to_owned(),
+        device: "cuda:0".to_owned(),
     })
 }
 
@@ -25,6 +26,8 @@ fn heartbeat(step: u64) -> HeartbeatBody {
         download_bytes_per_s: 20_000_000,
         mode: AveragingMode::Butterfly,
         samples_accumulated: 0,
+        looking_round: 0,
+        looking_until_ms: 0,
     }
 }
 
@@ -67,6 +70,7 @@ fn a_report_round_trips_through_json() {
     let back: StatusReport = serde_json::from_str(&json).expect("parses");
     assert_eq!(back, report);
 
+    assert_eq!(report.device, "cuda:0");
     assert_eq!((report.step, report.samples), (42, 4200));
     assert_eq!((report.loss, report.eval_loss), (Some(1.75), Some(1.9)));
     assert!(report.paused);

@@ -1,6 +1,7 @@
-//! [`TrainingMetrics`]: the optimizer's progress.
+//! [`TrainingMetrics`]: the optimizer's progress, and the device it trains on.
 
-use prometheus::{Gauge, IntCounter, IntGauge, Registry};
+use murmur_trainer::TrainerDevice;
+use prometheus::{Gauge, IntCounter, IntGauge, Opts, Registry};
 
 use super::ObserveError;
 use super::registry::{named, register};
@@ -22,7 +23,24 @@ struct Inner {
 }
 
 impl TrainingMetrics {
-    pub(super) fn register(registry: &Registry) -> Result<TrainingMetrics, ObserveError> {
+    /// Registers the metrics; `murmur_training_device_info` names `device` in its label.
+    pub(super) fn register(
+        registry: &Registry,
+        device: TrainerDevice,
+    ) -> Result<TrainingMetrics, ObserveError> {
+        let info = "murmur_training_device_info";
+        let device_info = named(
+            info,
+            IntGauge::with_opts(
+                Opts::new(
+                    info,
+                    "Always 1; the device label says where the model's passes run (cpu, cuda:N).",
+                )
+                .const_label("device", device.to_string()),
+            ),
+        )?;
+        device_info.set(1);
+        register(registry, device_info)?;
         let step = "murmur_training_step";
         let samples = "murmur_training_samples_total";
         let loss = "murmur_training_loss";
@@ -116,7 +134,7 @@ mod tests {
     #[test]
     fn steps_set_the_gauges_and_add_up_the_samples() {
         let registry = Registry::new();
-        let m = TrainingMetrics::register(&registry).expect("registers");
+        let m = TrainingMetrics::register(&registry, TrainerDevice::Cuda(1)).expect("registers");
         m.record_step(10, 32, 2.5, 0.001);
         m.record_step(11, 32, 2.25, 0.002);
         m.set_eval_loss(3.0);
@@ -129,6 +147,7 @@ mod tests {
             "murmur_training_learning_rate 0.002\n",
             "murmur_training_eval_loss 3\n",
             "murmur_training_samples_per_second 128.5\n",
+            "murmur_training_device_info{device=\"cuda:1\"} 1\n",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -1,38 +1,41 @@
 //! `murmur run`: join the swarm, train, average, and leave cleanly.
 //!
-//! One process is one peer. The network task, the mailbox readers and the averaging loop
-//! run on a small tokio runtime; the model trains on its own thread ([`worker`]). The
-//! averaging loop of the configured mode owns its state machine and reacts to whatever
-//! comes first: a message, a send report, a finished step, a membership change, a timer,
-//! or a signal.
+//! One process is one peer. The network task, the averaging engine's driver and the
+//! daemon's loop run on a small tokio runtime; the model trains on its own thread
+//! ([`worker`]). The daemon meets the swarm ([`meet`]), picks up a checkpoint or the
+//! swarm's state, builds the engine of its mode (`murmur_gossip::engine::ModeEngine`, the
+//! same type the simulator drives), hands it to the driver (`murmur_gossip::net::driver`),
+//! and then only does the engine's work on the trainer and reports ([`train`]).
 
-pub(crate) mod collective;
+mod device;
+mod meet;
 mod peer;
 mod progress;
-mod rounds;
 mod settings;
-mod sgp;
 mod state_sync;
+mod train;
 mod worker;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
+use murmur_gossip::engine::{EngineSetup, Membership, ModeEngine, Start};
+use murmur_gossip::net::driver::{self, DriverConfig, EngineClock, EngineIo};
 use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig};
 use murmur_gossip::net::{self, NetIdentity};
-use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{ParamLayout, PeerSampling, export_safetensors};
 use sha2::{Digest as _, Sha256};
 
 use crate::checkpoint::CheckpointStore;
 use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, StatusIdentity};
+pub(crate) use device::{TrainingDevice, open as open_device};
 use murmur_protocol::frame::FrameLimits;
+use murmur_protocol::message::AveragingMode;
 use murmur_protocol::snapshot::SnapshotLimits;
-use peer::{Peer, Signals};
+use peer::{Peer, Signals, Traffic};
 use progress::{Counters, Progress};
-pub(crate) use settings::{LocalSgdSettings, RunSettings};
+pub(crate) use settings::RunSettings;
 use state_sync::StateCell;
 use worker::{SharedOptimizer, Worker};
 
@@ -45,13 +48,8 @@ pub(crate) enum Finish {
     Signal,
 }
 
-/// How long a peer with bootstrap addresses waits for its first peer before training alone.
-const FIRST_PEER_WAIT: Duration = Duration::from_secs(10);
-/// How often a peer meeting the swarm checks whether to dial its bootstrap addresses again.
-const MEET_TICK: Duration = Duration::from_secs(1);
-/// Heartbeat intervals a meeting peer waits, past its first interval and a half, for the
-/// news that tells it the swarm's step.
-const NEWS_WAIT_INTERVALS: u32 = 4;
+/// How long a finishing engine may take to hand off its mass (SGP) or finish its round.
+const LEAVE_BOUND: Duration = Duration::from_secs(4);
 
 /// Runs one peer to the end. Call from `main` before any other thread starts.
 pub(crate) fn run(settings: RunSettings) -> anyhow::Result<()> {
@@ -70,7 +68,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let (net, inbound) = net::spawn(&settings.net, identity)
         .await
         .context("cannot start the network")?;
-    let events = net.subscribe();
+    let mut events = net.subscribe();
     let mailbox = Mailbox::spawn(inbound.tensor_streams, MailboxConfig::default());
     let outbox = Outbox::new(net.clone(), OutboxConfig::default());
     let state = StateCell::default();
@@ -93,6 +91,10 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .task
         .build(sampling)
         .context("cannot build the training task")?;
+    let device = settings.device.device.clone();
+    task.model
+        .set_device(device)
+        .context("cannot move the model to the training device")?;
     let mut params = task.model.init(sampling.swarm_seed);
     let initial_eval_loss = task.evaluate(&params).context("initial eval")?;
     let loss_floor = task.dataset.loss_floor();
@@ -107,7 +109,10 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .iter()
         .map(|a| format!("{a}/p2p/{me}"))
         .collect();
-    let metrics = Metrics::new(MetricsOptions { gpu: false })?;
+    let metrics = Metrics::new(MetricsOptions {
+        gpu: false,
+        device: settings.device.kind,
+    })?;
     metrics.network.attach(Arc::new(net.clone()))?;
     metrics.network.set_bandwidth_caps(
         settings.net.max_upload_bytes_per_s,
@@ -118,6 +123,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         swarm: settings.swarm_id.clone(),
         mode: settings.mode_name().to_owned(),
         codec: settings.codec.to_string(),
+        device: settings.device.label(),
     });
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = match settings.metrics_listen {
@@ -142,75 +148,107 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let metrics_addr = server.as_ref().map(|s| s.local_addr().to_string());
     let progress = Progress::new(settings.progress, me.to_string(), settings.mode_name());
     progress.ready(&listen, len, initial_eval_loss, loss_floor, metrics_addr);
-    tracing::info!(peer = %me, params = len, mode = settings.mode_name(), "ready");
+    tracing::info!(peer = %me, params = len, mode = settings.mode_name(), device = %settings.device.kind, "ready");
 
-    let mode = settings.mode;
+    let traffic = Traffic::new(metrics.clone());
+    let interval = settings.heartbeat_interval;
+    let clock = EngineClock::start();
+    let mut membership = Membership::new(me, interval, clock.now());
+    let mut status_events = net.subscribe();
     let mut peer = Peer {
-        me,
         net: net.clone(),
-        mailbox,
-        outbox,
-        events,
         worker,
         signals: Signals::install()?,
         progress,
         counters: Counters::default(),
-        peers: BTreeMap::new(),
         model_fingerprint: fingerprint(&layout),
         optimizer,
         state,
         pending_optimizer: None,
-        last_heard: HashMap::new(),
-        next_heartbeat: tokio::time::Instant::now(),
-        next_liveness: tokio::time::Instant::now(),
-        redial: peer::Redial::default(),
-        heartbeat_step: 0,
-        heartbeat_samples: 0,
         metrics,
         board,
+        traffic,
         learning_rate: 0.0,
-        clock: Instant::now(),
         initial_eval_loss,
         last_eval_loss: initial_eval_loss,
         loss_floor,
-        mode,
         rate: 0.0,
         settings,
     };
     let resumed_step = resume(&mut peer, &mut params);
-    meet_the_swarm(&mut peer, resumed_step.unwrap_or(0)).await;
-    let swarm_step = peer.swarm_step();
+    meet::meet_the_swarm(
+        &peer,
+        &mut events,
+        &mut membership,
+        &clock,
+        resumed_step.unwrap_or(0),
+    )
+    .await;
+    let swarm_step = membership.swarm_step();
     // The swarm's state wins when it is newer than our checkpoint.
     let joining = swarm_step > resumed_step.unwrap_or(0);
     if joining {
         tracing::info!(swarm_step, "the swarm is training already: joining it");
     }
-
+    let mode = peer.settings.mode();
+    // An SGP joiner starts with no mass and takes the swarm's through shares; the other
+    // modes download the swarm's state.
+    if joining && mode != AveragingMode::Sgp {
+        join_from_swarm(&mut peer, &membership, &mut params, control_limits).await;
+    }
     peer.load_pending_optimizer().await;
-    let outcome = match mode {
-        AveragingMode::Sgp => {
-            let founder = (!joining).then_some(params);
-            let offset = swarm_step.max(resumed_step.unwrap_or(0));
-            sgp::run(&mut peer, founder, len, offset).await
-        }
-        AveragingMode::Butterfly | AveragingMode::SyncRing | AveragingMode::LocalSgd => {
-            if joining {
-                join_from_swarm(&mut peer, &mut params, control_limits).await;
-            }
-            rounds::run(&mut peer, params, swarm_step).await
-        }
+
+    let start = Start {
+        params: (!(joining && mode == AveragingMode::Sgp)).then_some(params),
+        len,
+        round: swarm_step.max(resumed_step.unwrap_or(0)),
+        local_steps: peer.counters.step,
     };
+    let setup = EngineSetup {
+        codec: peer.settings.codec,
+        error_feedback: peer.settings.error_feedback,
+        overlap: true,
+        size_parts_by_bandwidth: true,
+        batch_size: peer.settings.task.data.batch_size as u64,
+        upload_cap: peer.settings.net.max_upload_bytes_per_s,
+        accepts_connections: !peer.settings.net.listen_addrs.is_empty(),
+        wall_ms_at_zero: clock.wall_ms_at_zero,
+        seed: PeerSampling::seed_from_id(&me.to_bytes()) ^ clock.wall_ms_at_zero,
+    };
+    let engine = ModeEngine::new(&peer.settings.mode, &setup, membership, start)
+        .context("cannot start the averaging engine")?;
+    let io = EngineIo {
+        net: net.clone(),
+        mailbox,
+        outbox,
+        events,
+    };
+    let config = DriverConfig {
+        mode,
+        bootstrap: peer.settings.net.bootstrap.clone(),
+        expected_peers: peer.settings.min_peers,
+        leave_bound: LEAVE_BOUND,
+    };
+    let observer: Arc<dyn driver::ParcelObserver> = peer.traffic.clone();
+    let mut handle = driver::spawn(engine, io, clock, config, Some(observer));
+
+    let outcome = train::train(&mut peer, &mut handle, &mut status_events).await;
     let (final_params, finish) = match outcome {
         Ok(done) => done,
         Err(e) => {
             let losses = peer.eval_losses();
-            peer.report_progress();
+            peer.report_progress(handle.status().peers);
             peer.progress
                 .done(&peer.counters, losses, "error", Some(format!("{e:#}")));
             let _ = net.shutdown().await;
             return Err(e);
         }
     };
+    let Some(final_params) = final_params else {
+        anyhow::bail!("the averaging engine stopped without its final parameters");
+    };
+    let (final_params, loss) = train::evaluate(&mut peer, final_params).await?;
+    peer.last_eval_loss = loss;
 
     if let Some(path) = &peer.settings.export {
         export_safetensors(&layout, &final_params, path)
@@ -218,7 +256,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         tracing::info!(path = %path.display(), "model exported");
     }
     peer.write_checkpoint(&final_params)?;
-    peer.report_progress();
+    peer.report_progress(handle.status().peers);
     let losses = peer.eval_losses();
     let exit = match finish {
         Finish::Finished => "finished",
@@ -231,81 +269,6 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
     Ok(())
-}
-
-/// Waits (bounded) until the swarm is known well enough to start: `training.min_peers`
-/// peers authorized (at most `training.start_timeout_ms`), and, when any peer is known,
-/// until the swarm's step is known: a heartbeat interval and a half, then on until a peer
-/// announces a step past `resumed_step` (the swarm is ahead: join it) or every known peer
-/// has been heard, for at most [`NEWS_WAIT_INTERVALS`] intervals more.
-///
-/// A peer that decided on too little news would start as a founder with its checkpoint
-/// (or the initial parameters) while the swarm is far ahead, and pull every peer back
-/// towards them. So the meeting peer heartbeats too (step 0: it trains nothing yet), so
-/// that peers meeting at the same time hear each other at once, and so that the swarm
-/// notices when it dies before training (it is then given up as silent, and its stale
-/// connection closed).
-async fn meet_the_swarm(peer: &mut Peer, resumed_step: u64) {
-    let min_peers = peer.settings.min_peers;
-    let discovers = !peer.settings.net.bootstrap.is_empty() || peer.settings.net.mdns;
-    if min_peers == 0 && !discovers {
-        return;
-    }
-    let first_wait = if min_peers > 0 {
-        peer.settings.start_timeout
-    } else {
-        FIRST_PEER_WAIT
-    };
-    let interval = peer.settings.heartbeat_interval;
-    let until = tokio::time::Instant::now() + first_wait;
-    let mut heard_until: Option<tokio::time::Instant> = None;
-    loop {
-        let now = tokio::time::Instant::now();
-        if let Some(heard) = heard_until {
-            let enough_news =
-                peer.swarm_step() > resumed_step || peer.peers.values().all(Option::is_some);
-            if (now >= heard && enough_news) || now >= heard + interval * NEWS_WAIT_INTERVALS {
-                break;
-            }
-        } else if now >= until {
-            break;
-        }
-        if now >= peer.next_maintenance() {
-            peer.maintain();
-        }
-        let mut wake = (now + MEET_TICK).min(peer.next_maintenance());
-        let checks = match heard_until {
-            Some(heard) => [heard, heard + interval * NEWS_WAIT_INTERVALS],
-            None => [until, until],
-        };
-        for check in checks.into_iter().filter(|&t| t > now) {
-            wake = wake.min(check);
-        }
-        match tokio::time::timeout_at(wake, peer.events.recv()).await {
-            // A bootstrap dial that failed (the peer was busy or unreachable) is retried.
-            Err(_) => peer.redial_when_short(Instant::now()),
-            Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
-            Ok(Err(_)) => {}
-            Ok(Ok(event)) => {
-                let _ = peer.note_event(&event);
-                if heard_until.is_none() && peer.peers.len() >= min_peers.max(1) {
-                    heard_until = Some(tokio::time::Instant::now() + interval * 3 / 2);
-                }
-            }
-        }
-    }
-    if peer.peers.len() < min_peers {
-        tracing::warn!(
-            known = peer.peers.len(),
-            wanted = min_peers,
-            "training.start_timeout_ms passed before training.min_peers peers connected; starting anyway"
-        );
-    } else if peer.peers.values().all(Option::is_none) && !peer.peers.is_empty() {
-        tracing::warn!(
-            known = peer.peers.len(),
-            "no heartbeat heard from any peer: the swarm's step is unknown, starting as if it had none"
-        );
-    }
 }
 
 /// A hash of the model's parameter layout: every tensor's name and shape, in order.
@@ -369,11 +332,15 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
 
 /// Downloads the state of the most advanced peers and starts from it; on failure the peer
 /// starts from what it has (its checkpoint or the initial parameters) and says so.
-async fn join_from_swarm(peer: &mut Peer, params: &mut [f32], limits: FrameLimits) {
-    let mut servers: Vec<(u64, murmur_protocol::identity::PeerId)> = peer
-        .peers
-        .iter()
-        .map(|(p, news)| (news.map_or(0, |n| n.last.step), *p))
+async fn join_from_swarm(
+    peer: &mut Peer,
+    membership: &Membership<murmur_protocol::identity::PeerId>,
+    params: &mut [f32],
+    limits: FrameLimits,
+) {
+    let mut servers: Vec<(u64, murmur_protocol::identity::PeerId)> = membership
+        .peers()
+        .map(|p| (membership.news(&p).map_or(0, |n| n.step), p))
         .collect();
     servers.sort_unstable_by(|a, b| b.cmp(a));
     let servers: Vec<_> = servers.into_iter().map(|(_, p)| p).collect();

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::collective::RoundOutcome;
 use crate::clock::unix_ms;
+use murmur_gossip::engine::RoundReport;
+use murmur_protocol::identity::PeerId;
 
 /// Progress lines come at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
@@ -127,16 +128,34 @@ impl Progress {
         self.emit(json!({"event": "eval", "step": step, "eval_loss": eval_loss}));
     }
 
-    pub(crate) fn round(&self, round: &RoundOutcome) {
+    pub(crate) fn round(&self, round: &RoundReport<PeerId>) {
         self.emit(json!({
             "event": "round",
             "mode": self.mode,
+            "round": round.round,
             "outcome": round.outcome(),
-            "duration_s": round.duration.as_secs_f64(),
+            "duration_s": round.finished_after.as_secs_f64(),
+            "matchmaking_s": round.matchmaking.as_secs_f64(),
             "coverage": round.coverage,
             "coverage_all": round.coverage_all,
-            "group": round.group,
+            "group": round.group_size,
             "drift": round.drift,
+        }));
+    }
+
+    /// A round this peer was due for formed no group: it applied its own update.
+    pub(crate) fn alone(&self, round: u64) {
+        self.emit(json!({
+            "event": "round",
+            "mode": self.mode,
+            "round": round,
+            "outcome": "alone",
+            "duration_s": 0.0,
+            "matchmaking_s": null,
+            "coverage": 0.0,
+            "coverage_all": 0.0,
+            "group": 1,
+            "drift": null,
         }));
     }
 

@@ -3,26 +3,15 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::engine::ModeSettings;
 use murmur_gossip::net::NetConfig;
-use murmur_gossip::sgp::SgpConfig;
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::Keypair;
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::TaskConfig;
 
+use super::device::TrainingDevice;
 use super::worker::StepPace;
-
-/// Local SGD's outer loop.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct LocalSgdSettings {
-    /// Local steps between averages (H).
-    pub(crate) local_steps: u64,
-    /// Outer learning rate applied to the averaged pseudo-gradient.
-    pub(crate) outer_lr: f32,
-    /// Outer Nesterov momentum.
-    pub(crate) outer_momentum: f32,
-}
 
 /// A peer's run, as the config file describes it.
 #[derive(Debug)]
@@ -32,13 +21,14 @@ pub(crate) struct RunSettings {
     pub(crate) net: NetConfig,
     pub(crate) swarm_id: String,
     pub(crate) task: TaskConfig,
-    pub(crate) mode: AveragingMode,
+    /// Where the model's passes run (`training.device`, opened).
+    pub(crate) device: TrainingDevice,
+    /// `averaging.mode` with the settings only that mode reads.
+    pub(crate) mode: ModeSettings,
+    /// `averaging.codec`.
     pub(crate) codec: CodecSpec,
-    pub(crate) sgp: SgpConfig,
-    pub(crate) butterfly: ButterflyConfig,
-    pub(crate) local_sgd: LocalSgdSettings,
-    pub(crate) ring_timeout: Duration,
-    pub(crate) target_batch: u64,
+    /// `averaging.error_feedback`.
+    pub(crate) error_feedback: bool,
     pub(crate) heartbeat_interval: Duration,
     /// Local steps before the peer exports and leaves; 0 = until stopped.
     pub(crate) steps: u64,
@@ -59,14 +49,14 @@ pub(crate) struct RunSettings {
 }
 
 impl RunSettings {
+    /// The mode.
+    pub(crate) fn mode(&self) -> AveragingMode {
+        self.mode.mode()
+    }
+
     /// The mode's name as the config spells it.
     pub(crate) fn mode_name(&self) -> &'static str {
-        match self.mode {
-            AveragingMode::Sgp => "sgp",
-            AveragingMode::Butterfly => "butterfly",
-            AveragingMode::LocalSgd => "local-sgd",
-            AveragingMode::SyncRing => "sync-ring",
-        }
+        self.mode().name()
     }
 
     /// How each step is padded and stretched beyond its compute.

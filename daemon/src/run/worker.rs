@@ -1,5 +1,5 @@
 //! The trainer's thread: the model, data and optimizer live here, away from the async
-//! averaging loop, which hands it parameter buffers and takes them back.
+//! loop, which hands it the averaging engine's work and takes the answers back.
 //!
 //! Buffers move, they are not copied: a job carries the vector the loop gave up, and its
 //! answer carries the same vector back.
@@ -9,30 +9,15 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use murmur_gossip::engine::{Work, WorkDone};
 use murmur_trainer::{Batch, DataShape, Task};
 use tokio::sync::mpsc;
 
 /// Work for the trainer thread.
 #[derive(Debug)]
 pub(crate) enum Job {
-    /// One local step at `params` (updated in place): next batch, gradient, optimizer step.
-    Step {
-        params: Vec<f32>,
-        step: u64,
-        swarm_batch: u64,
-        /// Evaluate the updated parameters on the shared eval set afterwards.
-        eval: bool,
-    },
-    /// The mean gradient of the next batch at `params`, written into `grad`; no update.
-    Gradient { params: Vec<f32>, grad: Vec<f32> },
-    /// An optimizer step on `params` along `grad` at the scheduled rate for `step`.
-    Apply {
-        params: Vec<f32>,
-        grad: Vec<f32>,
-        step: u64,
-        swarm_batch: u64,
-        eval: bool,
-    },
+    /// The averaging engine's work, then (when `eval`) an eval of the parameters it leaves.
+    Engine { work: Work, eval: bool },
     /// Eval loss of `params`.
     Eval { params: Vec<f32> },
     /// Replaces the optimizer's state (from a checkpoint or the swarm).
@@ -58,26 +43,15 @@ pub(crate) const OPTIMIZER_SHARE_EVERY: u64 = 10;
 /// A finished job, with its buffers.
 #[derive(Debug)]
 pub(crate) enum Done {
-    Step {
-        params: Vec<f32>,
-        loss: f32,
-        samples: u64,
+    /// The engine's work, answered, and what the daemon reports of it.
+    Engine {
+        done: WorkDone,
+        /// The batch's training loss (steps and gradients).
+        loss: Option<f32>,
+        /// The eval loss of the parameters the work left, when asked for.
         eval_loss: Option<f32>,
-        compute: Duration,
-        learning_rate: f32,
-    },
-    Gradient {
-        params: Vec<f32>,
-        grad: Vec<f32>,
-        loss: f32,
-        samples: u64,
-        compute: Duration,
-    },
-    Applied {
-        params: Vec<f32>,
-        grad: Vec<f32>,
-        eval_loss: Option<f32>,
-        learning_rate: f32,
+        /// The learning rate of the update (steps and applies).
+        learning_rate: Option<f32>,
     },
     Eval {
         params: Vec<f32>,
@@ -249,82 +223,7 @@ impl WorkerState {
 
     fn run(&mut self, job: Job) -> anyhow::Result<Done> {
         match job {
-            Job::Step {
-                mut params,
-                step,
-                swarm_batch,
-                eval,
-            } => {
-                let started = Instant::now();
-                let loss = self
-                    .task
-                    .local_step(
-                        &mut params,
-                        &mut self.batch,
-                        &mut self.grad,
-                        step,
-                        swarm_batch,
-                    )
-                    .context("local step")?;
-                let compute = started.elapsed();
-                self.share_optimizer();
-                self.stretch(compute);
-                let eval_loss = eval
-                    .then(|| self.task.evaluate(&params))
-                    .transpose()
-                    .context("eval")?;
-                Ok(Done::Step {
-                    params,
-                    loss,
-                    samples: self.samples(),
-                    eval_loss,
-                    compute: started.elapsed(),
-                    learning_rate: self.task.schedule.lr(step, swarm_batch),
-                })
-            }
-            Job::Gradient { params, mut grad } => {
-                let started = Instant::now();
-                self.task
-                    .dataset
-                    .fill_train_batch(self.task.batch_size, &mut self.batch);
-                let loss = self
-                    .task
-                    .model
-                    .loss_and_grad(&params, &self.batch, &mut grad)
-                    .context("gradient")?;
-                self.stretch(started.elapsed());
-                Ok(Done::Gradient {
-                    params,
-                    grad,
-                    loss,
-                    samples: self.samples(),
-                    compute: started.elapsed(),
-                })
-            }
-            Job::Apply {
-                mut params,
-                grad,
-                step,
-                swarm_batch,
-                eval,
-            } => {
-                let lr = self.task.schedule.lr(step, swarm_batch);
-                self.task
-                    .optimizer
-                    .step(&mut params, &grad, lr)
-                    .context("optimizer step")?;
-                self.share_optimizer();
-                let eval_loss = eval
-                    .then(|| self.task.evaluate(&params))
-                    .transpose()
-                    .context("eval")?;
-                Ok(Done::Applied {
-                    params,
-                    grad,
-                    eval_loss,
-                    learning_rate: lr,
-                })
-            }
+            Job::Engine { work, eval } => self.run_work(work, eval),
             Job::Eval { params } => {
                 let loss = self.task.evaluate(&params).context("eval")?;
                 Ok(Done::Eval { params, loss })
@@ -343,6 +242,93 @@ impl WorkerState {
                     .load_state(state.steps_taken, &slots)
                     .context("loading the optimizer state")?;
                 Ok(Done::OptimizerLoaded)
+            }
+        }
+    }
+
+    /// The eval loss of `params` when `eval`.
+    fn eval_if(&mut self, eval: bool, params: &[f32]) -> anyhow::Result<Option<f32>> {
+        eval.then(|| self.task.evaluate(params))
+            .transpose()
+            .context("eval")
+    }
+
+    fn run_work(&mut self, work: Work, eval: bool) -> anyhow::Result<Done> {
+        match work {
+            Work::Step {
+                mut params,
+                step,
+                swarm_batch,
+            } => {
+                let started = Instant::now();
+                let loss = self
+                    .task
+                    .local_step(
+                        &mut params,
+                        &mut self.batch,
+                        &mut self.grad,
+                        step,
+                        swarm_batch,
+                    )
+                    .context("local step")?;
+                self.share_optimizer();
+                self.stretch(started.elapsed());
+                let took = started.elapsed();
+                let eval_loss = self.eval_if(eval, &params)?;
+                Ok(Done::Engine {
+                    done: WorkDone::Stepped {
+                        params,
+                        samples: self.samples(),
+                        took,
+                    },
+                    loss: Some(loss),
+                    eval_loss,
+                    learning_rate: Some(self.task.schedule.lr(step, swarm_batch)),
+                })
+            }
+            Work::Gradient { params, mut grad } => {
+                let started = Instant::now();
+                self.task
+                    .dataset
+                    .fill_train_batch(self.task.batch_size, &mut self.batch);
+                grad.resize(params.len(), 0.0);
+                let loss = self
+                    .task
+                    .model
+                    .loss_and_grad(&params, &self.batch, &mut grad)
+                    .context("gradient")?;
+                self.stretch(started.elapsed());
+                Ok(Done::Engine {
+                    done: WorkDone::Gradient {
+                        params,
+                        grad,
+                        samples: self.samples(),
+                        took: started.elapsed(),
+                    },
+                    loss: Some(loss),
+                    eval_loss: None,
+                    learning_rate: None,
+                })
+            }
+            Work::Apply {
+                mut params,
+                grad,
+                step,
+                swarm_batch,
+            } => {
+                let lr = self.task.schedule.lr(step, swarm_batch);
+                self.task
+                    .optimizer
+                    .step(&mut params, &grad, lr)
+                    .context("optimizer step")?;
+                self.share_optimizer();
+                let eval_loss = self.eval_if(eval, &params)?;
+                Ok(Done::Engine {
+                    done: WorkDone::Applied { params, grad },
+                    loss: None,
+                    eval_loss,
+                    learning_rate: Some(lr),
+                })
             }
         }
     }

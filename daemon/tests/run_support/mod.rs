@@ -154,6 +154,8 @@ pub(crate) struct PeerSettings {
     pub(crate) min_peers: usize,
     /// `[training] export`, relative to the peer's folder.
     pub(crate) export: Option<String>,
+    /// `[training] device`.
+    pub(crate) device: String,
     /// `[averaging.sgp] share_timeout_ms`.
     pub(crate) share_timeout_ms: u64,
     /// `[checkpoint] every_steps` (0 = only at exit).
@@ -179,6 +181,7 @@ impl Default for PeerSettings {
             eval_every_steps: 10,
             min_peers: 0,
             export: None,
+            device: "cpu".to_owned(),
             share_timeout_ms: 2_000,
             checkpoint_every_steps: 0,
             checkpoint_keep: 3,
@@ -280,8 +283,9 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
          mdns = false\n\n\
          [volunteer]\ncpu_threads = 1\n\n\
          [training]\nsteps = {steps}\neval_every_steps = {eval}\nmin_peers = {min_peers}\n\
-         start_timeout_ms = 30000\ndevice = \"cpu\"\n",
+         start_timeout_ms = 30000\ndevice = {device}\n",
         id = quoted(SWARM_ID),
+        device = quoted(&s.device),
         authority = quoted(authority),
         bootstrap = bootstrap.join(", "),
         steps = s.steps,

@@ -1,5 +1,7 @@
 //! The vector-sized memory of a butterfly round, handed from one round to the next.
 
+use murmur_protocol::codec::Codec;
+
 /// The memory a [`ButterflyRound`](super::ButterflyRound) works in: the member's
 /// contribution, the vector the result is written into, and the reducer's running sums
 /// and encoded averages.
@@ -21,11 +23,83 @@ pub struct RoundBuffers {
     pub(crate) sum: Vec<f32>,
     /// The encoded averages of that part.
     pub(crate) averages: Vec<u8>,
+    /// Error feedback, carried from round to round; `None` sends every chunk as the codec
+    /// encodes it, with no correction.
+    pub feedback: Option<Residuals>,
+}
+
+/// The quantization error a member carries into its next round's sends (error feedback:
+/// Seide et al. 2014; Karimireddy et al., "Error Feedback Fixes SignSGD and other Gradient
+/// Compression Schemes", ICML 2019).
+///
+/// Both vectors are indexed like the averaged vector, so they stay valid when the next
+/// round's group or partition differs. Before a chunk goes out, its residual is added to
+/// it; after, the residual holds what the encoding lost. With a lossless codec (`f32`) the
+/// residuals stay zero.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Residuals {
+    /// What the member's part chunks (its contribution to the other reducers) lost.
+    pub parts: Vec<f32>,
+    /// What the averages of the parts this member reduced lost.
+    pub averages: Vec<f32>,
+}
+
+impl Residuals {
+    /// Residuals for vectors of `len` elements, all zero.
+    pub fn zeros(len: usize) -> Residuals {
+        Residuals {
+            parts: vec![0.0; len],
+            averages: vec![0.0; len],
+        }
+    }
+
+    /// Sets both to zero, e.g. after the parameters were replaced by a state download.
+    pub fn reset(&mut self) {
+        self.parts.fill(0.0);
+        self.averages.fill(0.0);
+    }
+}
+
+/// Encodes `values + residual` into `buffer` and sets `residual` to what the encoding lost;
+/// returns the bytes written (0, with the residual unchanged, if the encoding failed; see
+/// `ButterflyRound`'s plain encoding). `corrected` is scratch space.
+pub(crate) fn encode_corrected(
+    codec: &mut Codec,
+    values: &[f32],
+    residual: &mut [f32],
+    corrected: &mut Vec<f32>,
+    buffer: &mut [u8],
+) -> usize {
+    corrected.clear();
+    corrected.extend(values.iter().zip(residual.iter()).map(|(x, e)| x + e));
+    let Ok(len) = codec.encode(corrected, buffer) else {
+        return 0;
+    };
+    // residual = corrected − decode(encoded): the decoder adds −1 × decoded in place.
+    residual.copy_from_slice(corrected);
+    if codec
+        .decode_accumulate(&buffer[..len], -1.0, residual)
+        .is_err()
+    {
+        residual.fill(0.0);
+    }
+    len
 }
 
 impl From<Vec<f32>> for RoundBuffers {
     fn from(local: Vec<f32>) -> RoundBuffers {
         RoundBuffers {
+            local,
+            ..RoundBuffers::default()
+        }
+    }
+}
+
+impl RoundBuffers {
+    /// The buffers holding `local`, with error feedback on.
+    pub fn with_feedback(local: Vec<f32>) -> RoundBuffers {
+        RoundBuffers {
+            feedback: Some(Residuals::zeros(local.len())),
             local,
             ..RoundBuffers::default()
         }
@@ -191,6 +265,7 @@ mod tests {
             result: vec![1e6; LEN],
             sum: vec![1e6; LEN],
             averages: vec![0xff; LEN],
+            feedback: None,
         };
         let buffers = (0..2)
             .map(|m| RoundBuffers {

@@ -48,6 +48,10 @@ pub struct ButterflyConfig {
     pub reducer_timeout_ms: u64,
     /// CenteredClip at the reducer; `None` averages plainly.
     pub clip: Option<ClipConfig>,
+    /// A reducer counts a sender's weight (the samples it declares) at most this many
+    /// times the median weight declared to it in the round, so that a member inflating
+    /// its samples cannot outweigh the others; 0 turns the bound off.
+    pub max_weight_ratio: f32,
 }
 
 /// CenteredClip at the reducer (Karimireddy, He and Jaggi, 2021).
@@ -143,6 +147,13 @@ impl ButterflyConfig {
                 "more than chunk_timeout_ms",
             );
         }
+        if !(self.max_weight_ratio == 0.0 || (1.0..=1e6).contains(&self.max_weight_ratio)) {
+            return invalid(
+                "max_weight_ratio",
+                self.max_weight_ratio.to_string(),
+                "0 (off) or 1 to 1e6",
+            );
+        }
         if let Some(clip) = self.clip {
             if !(clip.tau.is_finite() && clip.tau > 0.0) {
                 return invalid("clip.tau", clip.tau.to_string(), "a finite number above 0");
@@ -195,6 +206,7 @@ impl Default for ButterflyConfig {
             chunk_timeout_ms: 10_000,
             reducer_timeout_ms: 15_000,
             clip: None,
+            max_weight_ratio: 4.0,
         }
     }
 }

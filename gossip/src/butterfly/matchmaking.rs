@@ -10,7 +10,9 @@
 //! peers that follow it in the order, and begins its group (`GroupBegin`, with members and
 //! parts) as soon as it holds `target_group` members, or `begin_margin` before its
 //! deadline if it holds at least `min_group`; otherwise it disbands the group, rejecting
-//! its followers, who look on until their own deadlines.
+//! its followers, who look on until their own deadlines. A leader that hears of a looking
+//! peer before it hands its followers back and asks that peer itself: peers that became
+//! ready together, but heard of each other in different orders, still end in one group.
 //!
 //! # Why it cannot deadlock
 //!
@@ -280,7 +282,9 @@ impl<P: PeerKey> Matchmaker<P> {
                 self.round = round;
                 self.group_id = group_id;
                 self.profile = profile;
-                self.deadline = now + self.config.max_wait();
+                // Whole milliseconds: deadlines cross the network on a millisecond wall clock,
+                // and every peer must order them exactly as their owners do.
+                self.deadline = (now + self.config.max_wait()).ceil_millis();
                 self.followers.clear();
                 self.candidates
                     .retain(|c| c.round == round && c.deadline > now);
@@ -331,8 +335,28 @@ impl<P: PeerKey> Matchmaker<P> {
                 self.decide();
             } else if self.followers.is_empty() {
                 self.request_earliest(now);
+            } else if self.earliest_before_me(now).is_some() {
+                self.yield_to_earlier(now);
+            } else if self.followers.len() + 1 >= self.config.target_group {
+                // The target fell to what the leader holds (a member left the swarm).
+                self.begin();
             }
         }
+    }
+
+    /// A leader that learns of a looking peer before it in the order hands its followers
+    /// back (they ask the earliest peer they know next) and asks that peer itself, so that
+    /// peers that became ready together end in one group, not in one per early leader.
+    /// Rejecting is not waiting, so every wait still points down the order.
+    fn yield_to_earlier(&mut self, now: Time) {
+        for (follower, _) in std::mem::take(&mut self.followers) {
+            self.outputs.push_back(MatchOutput::SendReject {
+                to: follower,
+                round: self.round,
+                reason: GroupRejectReason::NotGathering,
+            });
+        }
+        self.request_earliest(now);
     }
 
     fn decision_time(&self) -> Time {
@@ -355,11 +379,11 @@ impl<P: PeerKey> Matchmaker<P> {
         }
     }
 
-    /// Asks the earliest known looking peer that precedes this one, if any.
-    fn request_earliest(&mut self, now: Time) {
+    /// The earliest known looking peer of this round that precedes this one and still has
+    /// time to answer.
+    fn earliest_before_me(&self, now: Time) -> Option<Candidate<P>> {
         let me = self.me_as_candidate();
-        let Some(leader) = self
-            .candidates
+        self.candidates
             .iter()
             .find(|c| {
                 c.round == self.round
@@ -367,7 +391,11 @@ impl<P: PeerKey> Matchmaker<P> {
                     && (c.deadline, c.peer) < (me.deadline, me.peer)
             })
             .copied()
-        else {
+    }
+
+    /// Asks the earliest known looking peer that precedes this one, if any.
+    fn request_earliest(&mut self, now: Time) {
+        let Some(leader) = self.earliest_before_me(now) else {
             return;
         };
         self.phase = Phase::Requesting {
@@ -450,22 +478,16 @@ impl<P: PeerKey> Matchmaker<P> {
     }
 
     fn build_group(&self) -> Option<Group<P>> {
-        let link = |bandwidth: u64, accepts_connections| MemberLink {
-            bandwidth: bandwidth as f64,
-            accepts_connections,
-        };
         let mut members = vec![self.me];
-        let mut links = vec![link(
+        let mut links = vec![(
             self.profile.bandwidth_bytes_per_s,
             self.profile.accepts_connections,
         )];
         for (peer, request) in &self.followers {
             members.push(*peer);
-            links.push(link(
-                request.bandwidth_bytes_per_s,
-                request.accepts_connections,
-            ));
+            links.push((request.bandwidth_bytes_per_s, request.accepts_connections));
         }
+        let links = member_links(&links);
         let fractions = optimal_fractions(&links).ok()?;
         let partition = Partition::from_fractions(
             self.vector_len,
@@ -504,5 +526,41 @@ impl<P: PeerKey> Matchmaker<P> {
 
     fn forget(&mut self, peer: P) {
         self.candidates.retain(|c| c.peer != peer);
+    }
+}
+
+/// The links the partitioner sizes parts by, from what each member declared (bandwidth in
+/// bytes per second, whether it accepts connections). A member that declared no bandwidth
+/// (0: nothing measured yet) is taken to have the median of those that did, so it gets an
+/// ordinary part rather than none; when nobody declared one, every part is equal.
+fn member_links(declared: &[(u64, bool)]) -> Vec<MemberLink> {
+    let mut known: Vec<u64> = declared
+        .iter()
+        .map(|&(b, _)| b)
+        .filter(|&b| b > 0)
+        .collect();
+    known.sort_unstable();
+    let fallback = known.get(known.len() / 2).copied().unwrap_or(1);
+    declared
+        .iter()
+        .map(|&(bandwidth, accepts_connections)| MemberLink {
+            bandwidth: if bandwidth > 0 { bandwidth } else { fallback } as f64,
+            accepts_connections,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::member_links;
+
+    #[test]
+    fn an_undeclared_bandwidth_counts_as_the_median_of_the_declared_ones() {
+        let links = member_links(&[(0, true), (100, true), (300, false), (200, true)]);
+        let bandwidths: Vec<f64> = links.iter().map(|l| l.bandwidth).collect();
+        assert_eq!(bandwidths, [200.0, 100.0, 300.0, 200.0]);
+        assert!(!links[2].accepts_connections);
+        let unknown = member_links(&[(0, true), (0, true)]);
+        assert!(unknown.iter().all(|l| l.bandwidth == 1.0));
     }
 }

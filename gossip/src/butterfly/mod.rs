@@ -49,7 +49,7 @@
 //! Training at Scale", ICML 2022), so that a few peers sending garbage cannot drag the
 //! average far. It costs memory: the reducer keeps every contribution to its part.
 
-mod buffers;
+pub(crate) mod buffers;
 mod clip;
 mod config;
 mod error;
@@ -63,7 +63,7 @@ mod report;
 mod round;
 mod round_io;
 
-pub use buffers::RoundBuffers;
+pub use buffers::{Residuals, RoundBuffers};
 pub use config::{ButterflyConfig, ClipConfig, MAX_GROUP};
 pub use error::ButterflyError;
 pub use group::Group;

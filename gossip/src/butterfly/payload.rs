@@ -73,6 +73,15 @@ impl EncodedAverages {
         })
     }
 
+    /// The reference to chunk `chunk`'s encoding, if it was made.
+    pub(crate) fn encoded(&self, chunk: usize) -> Option<PayloadRef> {
+        self.lens.get(chunk).copied().flatten().map(|_| {
+            PayloadRef(Key::Average {
+                chunk: chunk as u32,
+            })
+        })
+    }
+
     /// Chunk `chunk`'s encoding, if it was made.
     pub(crate) fn get(&self, chunk: usize) -> Option<&[u8]> {
         let len = (*self.lens.get(chunk)?)?;

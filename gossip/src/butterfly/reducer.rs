@@ -49,6 +49,15 @@ pub(crate) struct Reduction {
     senders: Vec<Sender>,
     sum: Vec<f32>,
     clip: Option<ClipBuffers>,
+    /// Each member's weight as it counts: what it declared on its first chunk, bounded.
+    counted: Vec<Option<f32>>,
+    /// A member's weight counts at most this many times the median weight declared so
+    /// far; 0 = no bound.
+    weight_cap: f32,
+    /// Weights declared so far, for their median.
+    declared: Vec<f32>,
+    /// Senders whose declared weight the bound cut, this round.
+    weights_capped: u32,
 }
 
 impl Reduction {
@@ -58,6 +67,7 @@ impl Reduction {
         layout: ChunkLayout,
         members: usize,
         clip: Option<ClipConfig>,
+        weight_cap: f32,
         now: Time,
         mut sum: Vec<f32>,
     ) -> Reduction {
@@ -97,6 +107,47 @@ impl Reduction {
             members,
             words,
             clip,
+            counted: vec![None; members],
+            weight_cap,
+            declared: Vec::with_capacity(members),
+            weights_capped: 0,
+        }
+    }
+
+    /// Senders whose declared weight was cut to the bound this round.
+    pub(crate) fn weights_capped(&self) -> u32 {
+        self.weights_capped
+    }
+
+    /// The weight `sender`'s chunks count with: the weight it declared on its first chunk
+    /// (a sender cannot change it mid-round), at most `weight_cap` times the lower median
+    /// of the weights declared so far, this member's own included. A sender that inflates
+    /// its samples so buys no more influence than the bound allows.
+    fn counted_weight(&self, sender: usize, declared: f32) -> (f32, bool) {
+        if let Some(counted) = self.counted[sender] {
+            return (counted, false);
+        }
+        if self.weight_cap <= 0.0 {
+            return (declared, false);
+        }
+        let mut sorted = self.declared.clone();
+        sorted.push(declared);
+        sorted.sort_by(f32::total_cmp);
+        let median = sorted[(sorted.len() - 1) / 2];
+        let bound = self.weight_cap * median;
+        if median > 0.0 && declared > bound {
+            (bound, true)
+        } else {
+            (declared, false)
+        }
+    }
+
+    /// Notes the weight `sender` declared and the weight it counts with, once.
+    fn note_weight(&mut self, sender: usize, declared: f32, counted: f32, capped: bool) {
+        if self.counted[sender].is_none() {
+            self.counted[sender] = Some(counted);
+            self.declared.push(declared);
+            self.weights_capped += u32::from(capped);
         }
     }
 
@@ -128,9 +179,17 @@ impl Reduction {
         self.sum
     }
 
+    /// The sums' memory, to take it out of a finished reduction.
+    pub(crate) fn sum_mut(&mut self) -> &mut Vec<f32> {
+        &mut self.sum
+    }
+
     /// Starts the reduction with this member's own copy of the part, exactly. Comes first:
     /// it sets every sum rather than adding to it.
     pub(crate) fn begin_with_local(&mut self, me: usize, part: &[f32], weight: f32) {
+        let declared = weight;
+        let (weight, capped) = self.counted_weight(me, declared);
+        self.note_weight(me, declared, weight, capped);
         for chunk in 0..self.layout.chunks() {
             let range = self.layout.local(chunk);
             match &mut self.clip {
@@ -163,6 +222,8 @@ impl Reduction {
         if self.senders[sender].dropped || self.finalized[chunk] || self.has(sender, chunk) {
             return Ok(false);
         }
+        let declared = weight;
+        let (weight, capped) = self.counted_weight(sender, declared);
         let range = self.layout.local(chunk);
         match &mut self.clip {
             Some(clip) => {
@@ -172,6 +233,7 @@ impl Reduction {
             }
             None => codec.decode_accumulate(payload, weight, &mut self.sum[range])?,
         }
+        self.note_weight(sender, declared, weight, capped);
         self.mark(sender, chunk, weight);
         let state = &mut self.senders[sender];
         state.last_seen = now;

@@ -8,7 +8,7 @@ use murmur_protocol::message::ChunkAddress;
 
 use crate::{PeerKey, Time};
 
-use super::buffers::RoundBuffers;
+use super::buffers::{Residuals, RoundBuffers, encode_corrected};
 use super::config::ButterflyConfig;
 use super::error::ButterflyError;
 use super::finite::first_non_finite;
@@ -75,6 +75,19 @@ pub struct ButterflyRound<P> {
     finished: bool,
     dropped_senders: Vec<P>,
     stats: RoundStats,
+    /// Error feedback, when on and the codec is lossy.
+    feedback: Option<Feedback>,
+    /// The vectors were taken out ([`ButterflyRound::take_buffers`]): only averages
+    /// already encoded still go out.
+    closed: bool,
+}
+
+/// A round's error feedback: the residuals it carries, and a chunk of scratch space for
+/// the corrected values.
+#[derive(Debug)]
+struct Feedback {
+    residuals: Residuals,
+    corrected: Vec<f32>,
 }
 
 impl<P: PeerKey> ButterflyRound<P> {
@@ -97,6 +110,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             mut result,
             sum,
             averages,
+            feedback,
         } = local.into();
         config.validate()?;
         let index = group.index_of(me).ok_or(ButterflyError::InvalidGroup {
@@ -126,6 +140,16 @@ impl<P: PeerKey> ButterflyRound<P> {
             });
         }
         let codec = Codec::new(codec)?;
+        // A lossless codec loses nothing to feed back; the residuals are kept for the
+        // next round all the same.
+        let feedback = feedback.map(|mut residuals| {
+            residuals.parts.resize(local.len(), 0.0);
+            residuals.averages.resize(local.len(), 0.0);
+            Feedback {
+                residuals,
+                corrected: Vec::with_capacity(chunk),
+            }
+        });
         let mut parts = Vec::with_capacity(group.len());
         let mut first = 0;
         for j in 0..group.len() {
@@ -148,6 +172,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             parts[index].layout.clone(),
             group.len(),
             config.clip,
+            config.max_weight_ratio,
             now,
             sum,
         );
@@ -183,6 +208,8 @@ impl<P: PeerKey> ButterflyRound<P> {
             finished: false,
             dropped_senders: Vec::new(),
             stats: RoundStats::default(),
+            feedback,
+            closed: false,
             group,
         };
         round.finalize_ready();
@@ -243,7 +270,37 @@ impl<P: PeerKey> ButterflyRound<P> {
             result: self.result,
             sum: self.reduction.into_sum(),
             averages: self.averages.into_bytes(),
+            feedback: self.feedback.map(|f| f.residuals),
         }
+    }
+
+    /// Takes the round's vectors out while it goes on sending the averages of its part to
+    /// members that have not had them: the local vector unchanged, the result (local
+    /// values wherever no average arrived, for a round not finished), and the residuals.
+    /// Every average ready is encoded first; the round then takes no more chunks, and
+    /// sends only those averages. [`ButterflyRound::into_averages`] gives their memory back
+    /// once the round is idle.
+    pub fn take_buffers(&mut self) -> RoundBuffers {
+        if !self.finished {
+            self.keep_local_where_missing();
+        }
+        for i in 0..self.ready.len() {
+            self.encode_average(self.ready[i] as usize);
+        }
+        self.closed = true;
+        self.finished = true;
+        RoundBuffers {
+            local: std::mem::take(&mut self.local),
+            result: std::mem::take(&mut self.result),
+            sum: std::mem::take(self.reduction.sum_mut()),
+            averages: Vec::new(),
+            feedback: self.feedback.take().map(|f| f.residuals),
+        }
+    }
+
+    /// The memory of the encoded averages, once a round whose buffers were taken is idle.
+    pub fn into_averages(self) -> Vec<u8> {
+        self.averages.into_bytes()
     }
 
     /// Round counters.
@@ -251,6 +308,7 @@ impl<P: PeerKey> ButterflyRound<P> {
         RoundStats {
             buffers_allocated: self.pool.allocated() as u64,
             contributions_rejected: self.reduction.contributions_rejected(),
+            weights_capped: u64::from(self.reduction.weights_capped()),
             ..self.stats
         }
     }
@@ -287,6 +345,9 @@ impl<P: PeerKey> ButterflyRound<P> {
     /// Feeds one input at time `now`. A malformed chunk is rejected with an error and
     /// leaves the round untouched.
     pub fn handle(&mut self, now: Time, input: RoundInput<'_, P>) -> Result<(), ButterflyError> {
+        if self.closed {
+            return self.handle_closed(input);
+        }
         match input {
             RoundInput::PartChunk {
                 from,
@@ -350,6 +411,34 @@ impl<P: PeerKey> ButterflyRound<P> {
         }
         self.pump();
         self.check_finished(now);
+        Ok(())
+    }
+
+    /// After [`ButterflyRound::take_buffers`]: send reports and lost members still count,
+    /// chunks are ignored.
+    fn handle_closed(&mut self, input: RoundInput<'_, P>) -> Result<(), ButterflyError> {
+        match input {
+            RoundInput::Sent { to, payload } => {
+                let current = match payload.average_chunk() {
+                    Some(chunk) => self.averages.get(chunk).is_some(),
+                    None => self.pool.release(payload),
+                };
+                if current && let Some(d) = self.group.index_of(to) {
+                    let dest = &mut self.destinations[d];
+                    dest.in_flight = dest.in_flight.saturating_sub(1);
+                }
+            }
+            RoundInput::MemberLost(peer) => {
+                if let Some(d) = self.group.index_of(peer).filter(|&d| d != self.me) {
+                    self.destinations[d].lost = true;
+                }
+            }
+            RoundInput::PartChunk { .. } | RoundInput::AveragedChunk { .. } => {
+                self.stats.chunks_ignored += 1;
+            }
+            RoundInput::Tick => {}
+        }
+        self.pump();
         Ok(())
     }
 
@@ -534,6 +623,9 @@ impl<P: PeerKey> ButterflyRound<P> {
     /// Whether destination `d` still has chunks to be sent.
     fn has_work(&self, d: usize) -> bool {
         let dest = &self.destinations[d];
+        if self.closed {
+            return d != self.me && dest.next_average < self.ready.len();
+        }
         d != self.me
             && (dest.next_average < self.ready.len()
                 || (self.parts[d].state == PartState::Pending
@@ -552,6 +644,9 @@ impl<P: PeerKey> ButterflyRound<P> {
         let dest = &self.destinations[d];
         if dest.next_average >= self.ready.len() {
             return false;
+        }
+        if self.closed {
+            return true;
         }
         let part = &self.parts[d];
         let part_chunks = part.layout.chunks();
@@ -595,14 +690,9 @@ impl<P: PeerKey> ButterflyRound<P> {
         dest.next_average += 1;
         dest.in_flight += 1;
         let layout = &self.parts[self.me].layout;
-        let range = layout.global(chunk);
         let address = address(self.group.group_id, self.me, chunk, layout);
         let (contributors, total_weight) = self.reduction.coverage(chunk);
-        let (codec, values) = (&mut self.codec, &self.result[range]);
-        // See `encode` for why a failed encoding goes out empty.
-        let payload = self
-            .averages
-            .get_or_encode(chunk, |buffer| codec.encode(values, buffer).unwrap_or(0));
+        let payload = self.encode_average(chunk);
         self.stats.averaged_chunks_sent += 1;
         self.outputs.push_back(RoundOutput::SendAveragedChunk {
             to: self.group.members()[d],
@@ -613,6 +703,31 @@ impl<P: PeerKey> ButterflyRound<P> {
         });
     }
 
+    /// The encoded average of chunk `chunk` of this member's part, encoded on first use
+    /// (with error feedback when on), then shared by every destination.
+    fn encode_average(&mut self, chunk: usize) -> PayloadRef {
+        if let Some(payload) = self.averages.encoded(chunk) {
+            return payload;
+        }
+        let range = self.parts[self.me].layout.global(chunk);
+        let (codec, values) = (&mut self.codec, &self.result[range.clone()]);
+        let feedback = self
+            .feedback
+            .as_mut()
+            .filter(|_| codec.spec() != CodecSpec::F32);
+        // See `encode` for why a failed encoding goes out empty.
+        self.averages.get_or_encode(chunk, |buffer| match feedback {
+            Some(f) => encode_corrected(
+                codec,
+                values,
+                &mut f.residuals.averages[range],
+                &mut f.corrected,
+                buffer,
+            ),
+            None => codec.encode(values, buffer).unwrap_or(0),
+        })
+    }
+
     fn send_part_chunk(&mut self, d: usize) {
         let dest = &mut self.destinations[d];
         let chunk = dest.next_part_chunk;
@@ -621,7 +736,27 @@ impl<P: PeerKey> ButterflyRound<P> {
         let layout = &self.parts[d].layout;
         let range = layout.global(chunk);
         let address = address(self.group.group_id, d, chunk, layout);
-        let payload = encode(&mut self.codec, &mut self.pool, &self.local[range]);
+        let values = &self.local[range.clone()];
+        let payload = match self
+            .feedback
+            .as_mut()
+            .filter(|_| self.codec.spec() != CodecSpec::F32)
+        {
+            Some(f) => {
+                let capacity = self.codec.max_encoded_len(values.len());
+                let (reference, buffer) = self.pool.acquire(capacity);
+                let len = encode_corrected(
+                    &mut self.codec,
+                    values,
+                    &mut f.residuals.parts[range],
+                    &mut f.corrected,
+                    buffer,
+                );
+                self.pool.set_len(reference, len);
+                reference
+            }
+            None => encode(&mut self.codec, &mut self.pool, values),
+        };
         self.stats.part_chunks_sent += 1;
         self.outputs.push_back(RoundOutput::SendPartChunk {
             to: self.group.members()[d],

@@ -108,4 +108,7 @@ pub struct RoundStats {
     /// Contributions to this member's part that CenteredClip set aside as outliers, summed
     /// over chunks.
     pub contributions_rejected: u64,
+    /// Senders whose declared weight this member's reduction cut to its bound
+    /// ([`ButterflyConfig::max_weight_ratio`](super::ButterflyConfig::max_weight_ratio)).
+    pub weights_capped: u64,
 }

@@ -27,6 +27,7 @@ use super::control::ControlFrame;
 use super::error::NetError;
 use super::handle::{Command, InboundControl, unix_now};
 use super::identity::from_libp2p;
+use super::invites::VerifiedInvites;
 use super::tensor_stream::{StreamContext, StreamSlot, TensorStreamReader};
 
 /// How often deadlines (auth, invite expiry, expired requests) are checked.
@@ -35,6 +36,9 @@ const TICK: Duration = Duration::from_millis(200);
 const REFUSAL_GRACE: Duration = Duration::from_millis(500);
 /// Most addresses kept per peer for the DHT.
 const MAX_ADDRS_PER_PEER: usize = 8;
+/// Verified invites remembered per allowed connection: room for the peers connected now
+/// and for three times as many that have gone but may still be heard through others.
+pub(crate) const VERIFIED_INVITES_PER_CONNECTION: usize = 4;
 
 /// Which counter a refusal goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,6 +139,12 @@ pub(crate) struct NetActor {
     /// Dials to addresses without a peer id, until they connect or fail: a peer being waited
     /// for may be at the end of one of them.
     pub(crate) anonymous_dials: HashSet<ConnectionId>,
+    /// Peers whose invite this node verified, connected or not: whose heartbeats count.
+    pub(crate) invites: VerifiedInvites,
+    /// When refused gossip was last logged at warn.
+    pub(crate) gossip_refusals_warned_at: Option<Instant>,
+    /// Refused gossip messages logged at debug since then.
+    pub(crate) gossip_refusals_unwarned: u64,
 }
 
 impl NetActor {
@@ -388,8 +398,9 @@ impl NetActor {
         Ok(())
     }
 
-    /// Marks `peer` refused: counted, logged, reported, out of the DHT, and disconnected
-    /// after a short grace so that our refusal can reach it. Idempotent.
+    /// Marks `peer` refused: counted, logged, reported, forgotten by the record of verified
+    /// invites, out of the DHT, and disconnected after a short grace so that our refusal can
+    /// reach it. Idempotent.
     pub(crate) fn refuse(&mut self, peer: &libp2p::PeerId, kind: Refusal, reason: String) {
         let Some(state) = self.peers.get_mut(peer) else {
             return;
@@ -404,6 +415,9 @@ impl NetActor {
         }
         tracing::warn!(%peer, %reason, "peer not authorized; disconnecting");
         if let Ok(id) = from_libp2p(peer) {
+            // What it proved before no longer counts, not even for heartbeats relayed by
+            // others.
+            self.invites.forget(&id);
             let _ = self.events.send(NetEvent::PeerRejected {
                 peer: id,
                 reason: reason.clone(),

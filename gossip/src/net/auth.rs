@@ -12,8 +12,10 @@
 //!
 //! Until a peer's hello is accepted its tensor streams are dropped unread and its gossip is
 //! rejected; a peer that fails, or does not finish within `net.auth_timeout_ms`, is
-//! disconnected and counted. This module is the check itself: no I/O, the time is an
-//! argument.
+//! disconnected and counted. An accepted hello is also what lets the peer's heartbeats
+//! count when others relay them (the `invites` module): a key that never proved its invite
+//! to this node is heard from nobody. This module is the check itself: no I/O, the time is
+//! an argument.
 
 use murmur_protocol::frame::{Frame, FrameError, FrameKind, FrameLimits, VERSION};
 use murmur_protocol::identity::{

@@ -22,6 +22,7 @@ pub struct NetMetrics {
     tensor_streams_refused_limit: AtomicU64,
     bad_frames: AtomicU64,
     gossip_rejected: AtomicU64,
+    heartbeats_refused_uninvited_signer: AtomicU64,
     heartbeats_received: AtomicU64,
     tensor_bytes_sent: AtomicU64,
     tensor_bytes_received: AtomicU64,
@@ -47,8 +48,12 @@ pub struct NetMetricsSnapshot {
     pub tensor_streams_refused_limit: u64,
     /// Tensor streams closed because the peer sent a bad frame or message.
     pub bad_frames: u64,
-    /// Gossip messages rejected (unauthorized forwarder, bad signature, bad body).
+    /// Gossip messages rejected (unauthorized forwarder, bad signature, bad body, uninvited
+    /// signer).
     pub gossip_rejected: u64,
+    /// Heartbeats refused because their signer holds no invite this node has verified and
+    /// that is still valid, whoever forwarded them (also counted in `gossip_rejected`).
+    pub heartbeats_refused_uninvited_signer: u64,
     /// Heartbeats accepted from gossip.
     pub heartbeats_received: u64,
     /// Tensor frame bytes written, all peers.
@@ -79,6 +84,7 @@ impl NetMetrics {
             tensor_streams_refused_limit: get(&self.tensor_streams_refused_limit),
             bad_frames: get(&self.bad_frames),
             gossip_rejected: get(&self.gossip_rejected),
+            heartbeats_refused_uninvited_signer: get(&self.heartbeats_refused_uninvited_signer),
             heartbeats_received: get(&self.heartbeats_received),
             tensor_bytes_sent: get(&self.tensor_bytes_sent),
             tensor_bytes_received: get(&self.tensor_bytes_received),
@@ -122,6 +128,11 @@ impl NetMetrics {
 
     pub(crate) fn gossip_rejected(&self) {
         self.gossip_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat_refused_uninvited_signer(&self) {
+        self.heartbeats_refused_uninvited_signer
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn heartbeat_received(&self) {

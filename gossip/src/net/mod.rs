@@ -25,6 +25,14 @@
 //! disconnected and counted in [`NetMetrics`]; so is a peer whose invite expires while it
 //! is connected.
 //!
+//! Gossip relays, so a heartbeat is judged by its signer, not only by the peer that
+//! forwarded it: it counts only if the forwarder is admitted *and* the signer holds an
+//! invite this node verified in a hello and that has not run out (the `invites` module).
+//! A member's heartbeats relayed by others while it is disconnected from us still count
+//! until its invite expires; a key this node never verified counts for nothing, whoever
+//! relays it, and is counted in
+//! [`heartbeats_refused_uninvited_signer`](NetMetricsSnapshot::heartbeats_refused_uninvited_signer).
+//!
 //! # Bounds
 //!
 //! Nothing waits without limit and nothing queues without limit:
@@ -44,6 +52,8 @@
 //! | connections | `net.max_connections`, `net.max_connections_per_peer`, `net.max_pending_incoming` |
 //! | streams | `net.max_inbound_tensor_streams_per_peer`; `net.max_streams_per_connection` per QUIC connection |
 //! | gossip messages | 4 KiB |
+//! | verified invites remembered for relayed heartbeats | 4 × `net.max_connections`; expired ones dropped first, then the oldest verification |
+//! | warnings about refused gossip | one per 30 s; the rest at debug |
 //! | memory per slow receiver | `net.quic_stream_receive_window` (10 MB) and one frame |
 //!
 //! Bad bytes from a peer close that peer's stream (or connection) with a log line and a
@@ -56,10 +66,12 @@ mod behaviour;
 pub mod bench;
 mod config;
 mod control;
+pub mod driver;
 mod error;
 pub mod exchange;
 mod handle;
 mod identity;
+mod invites;
 mod metrics;
 mod rate_limit;
 mod swarm_events;
@@ -86,10 +98,11 @@ pub use identity::NetIdentity;
 pub use metrics::{NetMetrics, NetMetricsSnapshot, PeerTraffic};
 pub use tensor_stream::{TensorStreamReader, TensorStreamWriter, TransferStats};
 
-use actor::NetActor;
+use actor::{NetActor, VERIFIED_INVITES_PER_CONNECTION};
 use auth::Authorizer;
 use behaviour::MurmurBehaviour;
 use config::ValidConfig;
+use invites::VerifiedInvites;
 use rate_limit::RateLimiter;
 use tensor_stream::StreamContext;
 
@@ -118,7 +131,8 @@ pub enum NetEvent {
         /// The peer.
         peer: PeerId,
     },
-    /// A heartbeat arrived by gossip, its signature verified.
+    /// A heartbeat arrived by gossip, its signature verified, and its signer holds an invite
+    /// this node verified and that is still valid (whoever forwarded it).
     Heartbeat {
         /// The peer that signed it.
         peer: PeerId,
@@ -214,6 +228,13 @@ pub async fn spawn(
         next_response_id: 0,
         listen_addrs: Vec::new(),
         anonymous_dials: HashSet::new(),
+        invites: VerifiedInvites::new(
+            usize::try_from(raw.max_connections)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(VERIFIED_INVITES_PER_CONNECTION),
+        ),
+        gossip_refusals_warned_at: None,
+        gossip_refusals_unwarned: 0,
     };
 
     // Wait until each listener has bound, so callers can hand out our addresses at once.

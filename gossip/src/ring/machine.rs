@@ -6,8 +6,9 @@ use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 use murmur_protocol::message::ChunkAddress;
 use thiserror::Error;
 
+use crate::butterfly::buffers::encode_corrected;
 use crate::butterfly::payload::PayloadPool;
-use crate::butterfly::{Partition, PayloadRef};
+use crate::butterfly::{Partition, PayloadRef, Residuals};
 use crate::{PeerKey, Time};
 
 /// Why a ring all-reduce refused a setup or a message.
@@ -119,6 +120,9 @@ pub struct RingAllReduce<P> {
     phase: Phase,
     pool: PayloadPool,
     outputs: VecDeque<RingOutput<P>>,
+    /// Error feedback with a lossy codec: `parts` for the reduce-scatter's partial sums,
+    /// `averages` for the all-gather's averages, both indexed like the vector.
+    feedback: Option<(Residuals, Vec<f32>)>,
 }
 
 impl<P: PeerKey> RingAllReduce<P> {
@@ -179,6 +183,7 @@ impl<P: PeerKey> RingAllReduce<P> {
             phase: Phase::Running,
             pool: PayloadPool::default(),
             outputs: VecDeque::new(),
+            feedback: None,
         };
         if steps == 0 {
             machine.average_owned_segment();
@@ -190,6 +195,42 @@ impl<P: PeerKey> RingAllReduce<P> {
     /// The weighted mean, once [`RingOutput::Finished`] was emitted.
     pub fn result(&self) -> &[f32] {
         &self.values
+    }
+
+    /// Turns error feedback on, carrying `residuals` (from the last round, or zeros) into
+    /// this round's sends. Call before the first input; the first step's send is encoded
+    /// again with the correction. A lossless codec (`f32`) leaves them untouched.
+    pub fn with_feedback(mut self, mut residuals: Residuals) -> RingAllReduce<P> {
+        let len = self.values.len();
+        residuals.parts.resize(len, 0.0);
+        residuals.averages.resize(len, 0.0);
+        if self.codec.spec() == CodecSpec::F32 {
+            self.feedback = Some((residuals, Vec::new()));
+            return self;
+        }
+        let corrected = Vec::with_capacity(self.segments.sizes().max().unwrap_or(0));
+        self.feedback = Some((residuals, corrected));
+        // Sends made by `new` went out uncorrected: make them again.
+        let unsent: Vec<RingOutput<P>> = self.outputs.drain(..).collect();
+        for output in unsent {
+            if let RingOutput::Send { payload, .. } = output {
+                self.pool.release(payload);
+            }
+        }
+        self.sent = 0;
+        self.advance();
+        self
+    }
+
+    /// The residuals, once the round is over, for the next round.
+    pub fn take_feedback(&mut self) -> Option<Residuals> {
+        self.feedback.take().map(|(r, _)| r)
+    }
+
+    /// Takes the values out (the weighted mean once finished), leaving the round empty; it
+    /// still takes send reports.
+    pub fn take_result(&mut self) -> Vec<f32> {
+        std::mem::take(&mut self.values)
     }
 
     /// Whether every segment is averaged.
@@ -349,10 +390,18 @@ impl<P: PeerKey> RingAllReduce<P> {
             let (payload, buffer) = self.pool.acquire(capacity);
             // The values are finite (checked at the start, and sums of finite decoded
             // values); an overflowing sum goes out empty and its receiver rejects it.
-            let len = self
-                .codec
-                .encode(&self.values[range.clone()], buffer)
-                .unwrap_or(0);
+            let values = &self.values[range.clone()];
+            let len = match &mut self.feedback {
+                Some((residuals, corrected)) if self.codec.spec() != CodecSpec::F32 => {
+                    let residual = if step < self.ring.len() - 1 {
+                        &mut residuals.parts[range.clone()]
+                    } else {
+                        &mut residuals.averages[range.clone()]
+                    };
+                    encode_corrected(&mut self.codec, values, residual, corrected, buffer)
+                }
+                _ => self.codec.encode(values, buffer).unwrap_or(0),
+            };
             self.pool.set_len(payload, len);
             self.outputs.push_back(RingOutput::Send {
                 to: self.ring[self.segment(1)],

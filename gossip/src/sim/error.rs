@@ -3,6 +3,7 @@
 use thiserror::Error;
 
 use crate::butterfly::ButterflyError;
+use crate::engine::EngineError;
 use crate::ring::RingError;
 use crate::sgp::SgpError;
 
@@ -29,4 +30,7 @@ pub enum SimError {
     /// The ring all-reduce state machine refused a setup the simulator considers valid.
     #[error("ring all-reduce: {0}")]
     Ring(#[from] RingError),
+    /// An averaging engine failed on an input the simulator considers valid.
+    #[error("averaging engine: {0}")]
+    Engine(#[from] EngineError),
 }

@@ -40,6 +40,12 @@
 //!   torus, parameter server) run as latency–bandwidth formulas ([`Collective`]): a barrier
 //!   on the slowest peer, then one all-reduce per step.
 //!
+//! # The daemon's engines
+//!
+//! With `engine = true` a scenario runs [`EngineSwarm`]: every peer is the averaging engine
+//! `murmur run` builds ([`crate::engine::ModeEngine`]), fed parcels over the same simulated
+//! links and a simulated trainer, so what it shows is what the daemon decides.
+//!
 //! # Using it
 //!
 //! [`run`] takes a [`Scenario`] (the Rust form of a TOML file in `examples/sim/`) and
@@ -48,6 +54,7 @@
 
 mod butterfly_swarm;
 mod collective;
+mod engine_swarm;
 mod error;
 mod learner;
 mod metrics;
@@ -63,6 +70,7 @@ mod training_run;
 
 pub use butterfly_swarm::ButterflySwarm;
 pub use collective::Collective;
+pub use engine_swarm::{EngineSwarm, EngineSwarmConfig};
 pub use error::SimError;
 pub use report::{AveragingSummary, RoundRecord, ShareRefusals, SimReport, SimSummary};
 pub use ring_swarm::RingSwarm;
@@ -75,6 +83,9 @@ pub use training::{ButterflyTraining, RingTraining};
 
 /// Runs `scenario` to its last round and reports.
 pub fn run(scenario: &Scenario) -> Result<SimReport, SimError> {
+    if scenario.engine {
+        return EngineSwarm::from_scenario(scenario)?.run_to_end();
+    }
     match &scenario.algorithm {
         AlgorithmSpec::Sgp(config) => SgpSwarm::new(scenario, config)?.run_to_end(),
         AlgorithmSpec::Butterfly(training) => ButterflySwarm::new(scenario, training)?.run_to_end(),

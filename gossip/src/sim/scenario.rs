@@ -55,6 +55,12 @@ pub struct Scenario {
     /// Peers that send corrupted shares.
     #[serde(default)]
     pub byzantine: Vec<ByzantineSpec>,
+    /// Run the daemon's own averaging engines (the `ModeEngine` that `murmur run` builds)
+    /// instead of the mode's simulated peers: the trainer and the network are simulated,
+    /// every averaging decision is the daemon's. Crashes and leaves are supported, joins
+    /// and restarts not yet; byzantine peers neither.
+    #[serde(default)]
+    pub engine: bool,
 }
 
 /// The averaging algorithm of a run.
@@ -293,6 +299,7 @@ impl Scenario {
             churn: Vec::new(),
             random_churn: None,
             byzantine: Vec::new(),
+            engine: false,
         }
     }
 

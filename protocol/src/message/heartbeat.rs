@@ -101,12 +101,34 @@ impl AveragingMode {
     }
 }
 
+impl std::fmt::Display for AveragingMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is no [`AveragingMode`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown averaging mode {0:?}: expected sgp, butterfly, local-sgd or sync-ring")]
+pub struct UnknownMode(pub String);
+
+impl std::str::FromStr for AveragingMode {
+    type Err = UnknownMode;
+
+    fn from_str(name: &str) -> Result<AveragingMode, UnknownMode> {
+        AveragingMode::ALL
+            .into_iter()
+            .find(|mode| mode.name() == name)
+            .ok_or_else(|| UnknownMode(name.to_owned()))
+    }
+}
+
 /// What a heartbeat says: a peer's progress and capacity, which the matchmaking and the
 /// push-sum graph use to choose partners. This is the content the envelope signs.
 ///
 /// Wire form, [`HeartbeatBody::WIRE_LEN`] bytes: `step u64 | timestamp_ms u64 |
 /// samples_per_s f32 | upload_bytes_per_s u64 | download_bytes_per_s u64 | mode u8 |
-/// samples_accumulated u64`.
+/// samples_accumulated u64 | looking_round u64 | looking_until_ms u64`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeartbeatBody {
     /// The optimizer step the peer is at.
@@ -125,11 +147,17 @@ pub struct HeartbeatBody {
     /// Samples the peer has accumulated towards the swarm's target batch since the last
     /// average (butterfly mode; 0 in the others).
     pub samples_accumulated: u64,
+    /// The round the peer looks for a group of (round modes), while it looks.
+    pub looking_round: u64,
+    /// Until when the peer looks for a group, in milliseconds since the Unix epoch; 0 when
+    /// it does not look. Peers order prospective leaders by it (see
+    /// `murmur_gossip::butterfly::matchmaking`).
+    pub looking_until_ms: u64,
 }
 
 impl HeartbeatBody {
     /// Size of the encoded body in bytes.
-    pub const WIRE_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8;
+    pub const WIRE_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8 + 8 + 8;
 
     /// Bytes [`encode_into`](Self::encode_into) writes: always [`Self::WIRE_LEN`].
     pub fn encoded_len(&self) -> usize {
@@ -151,7 +179,9 @@ impl HeartbeatBody {
             w.u64(self.upload_bytes_per_s)?;
             w.u64(self.download_bytes_per_s)?;
             w.u8(self.mode.to_byte())?;
-            Ok(w.u64(self.samples_accumulated)?)
+            w.u64(self.samples_accumulated)?;
+            w.u64(self.looking_round)?;
+            Ok(w.u64(self.looking_until_ms)?)
         })
     }
 
@@ -173,6 +203,8 @@ impl HeartbeatBody {
                 download_bytes_per_s: r.u64("download_bytes_per_s")?,
                 mode: read_mode(r)?,
                 samples_accumulated: r.u64("samples_accumulated")?,
+                looking_round: r.u64("looking_round")?,
+                looking_until_ms: r.u64("looking_until_ms")?,
             })
         })?;
         body.validate()?;

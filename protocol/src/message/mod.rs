@@ -40,7 +40,9 @@ pub use group::{
     GroupBegin, GroupMember, GroupReject, GroupRejectReason, JoinGroup, MAX_GROUP_MEMBERS,
     MAX_PEER_ID_LEN,
 };
-pub use heartbeat::{AveragingMode, Heartbeat, HeartbeatBody, MAX_HEARTBEAT_ENVELOPE_LEN};
+pub use heartbeat::{
+    AveragingMode, Heartbeat, HeartbeatBody, MAX_HEARTBEAT_ENVELOPE_LEN, UnknownMode,
+};
 pub use push_sum::{PushSumShare, ShareRefused};
 pub use reject::{MAX_REJECT_TEXT_LEN, Reject, RejectCode};
 pub use state_sync::{StateSyncRequest, StateSyncResponse};

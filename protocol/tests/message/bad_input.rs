@@ -90,6 +90,8 @@ fn trailing_bytes_are_rejected() {
         download_bytes_per_s: 5,
         mode: AveragingMode::Sgp,
         samples_accumulated: 6,
+        looking_round: 0,
+        looking_until_ms: 0,
     };
     let bytes = body.to_bytes().expect("valid").to_vec();
     assert_eq!(
@@ -190,6 +192,8 @@ fn non_finite_weights_are_rejected() {
         download_bytes_per_s: 5,
         mode: AveragingMode::Butterfly,
         samples_accumulated: 6,
+        looking_round: 0,
+        looking_until_ms: 0,
     };
     assert!(matches!(
         body.to_bytes(),
@@ -303,6 +307,8 @@ fn undefined_enum_values_are_rejected() {
         download_bytes_per_s: 0,
         mode: AveragingMode::SyncRing,
         samples_accumulated: 0,
+        looking_round: 0,
+        looking_until_ms: 0,
     };
     let mut bytes = body.to_bytes().expect("valid");
     bytes[36] = 9;

@@ -75,10 +75,15 @@ pub(crate) fn heartbeat_body() -> impl Strategy<Value = HeartbeatBody> {
             any::<u64>(),
             prop::sample::select(AveragingMode::ALL.to_vec()),
             any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
         ),
     )
         .prop_map(
-            |((step, timestamp_ms, samples_per_s, upload), (download, mode, samples))| {
+            |(
+                (step, timestamp_ms, samples_per_s, upload),
+                (download, mode, samples, looking_round, looking_until_ms),
+            )| {
                 HeartbeatBody {
                     step,
                     timestamp_ms,
@@ -87,6 +92,8 @@ pub(crate) fn heartbeat_body() -> impl Strategy<Value = HeartbeatBody> {
                     download_bytes_per_s: download,
                     mode,
                     samples_accumulated: samples,
+                    looking_round,
+                    looking_until_ms,
                 }
             },
         )

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{GZIP_MAGIC, PeerSampling, build_eval_set, read_whole_file};
 use crate::batch::Batch;
@@ -28,7 +28,7 @@ fn default_classes() -> usize {
 }
 
 /// The `[data.source]` section for `kind = "idx"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdxConfig {
     /// Training images (3-D IDX, e.g. `train-images-idx3-ubyte`).

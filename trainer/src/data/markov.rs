@@ -10,7 +10,7 @@
 //! `i + 1 mod states` (one cycle through every state) and state 0 also to itself (a cycle of
 //! length one), so the stationary distribution is unique and sequences mix.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{PeerSampling, build_eval_set};
 use crate::batch::Batch;
@@ -33,7 +33,7 @@ fn default_skew() -> f32 {
 const MAX_POWER_ITERATIONS: usize = 1_000_000;
 
 /// The `[data.source]` section for `kind = "synthetic-markov"`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MarkovConfig {
     /// Number of states (the vocabulary).

@@ -24,7 +24,7 @@ mod windows;
 use std::fmt::Debug;
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use idx::{IDX_TYPE_U8, IdxArray, IdxConfig, IdxDataset, read_idx};
 pub use markov::{MarkovChain, MarkovConfig, MarkovDataset};
@@ -55,7 +55,7 @@ pub(crate) fn read_whole_file(path: &std::path::Path) -> Result<Vec<u8>, DataErr
 const MAX_ROWS: usize = 1 << 20;
 
 /// The `[data]` section: the source plus how much each step and the eval set take from it.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
     /// Samples (rows) per training step on one peer.
@@ -67,7 +67,7 @@ pub struct DataConfig {
 }
 
 /// The `[data.source]` section.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum DataSource {
     /// Feature rows labelled by a seeded teacher network.

@@ -6,7 +6,7 @@
 //! is the teacher's own cross-entropy on the eval set — exactly the lowest eval loss any
 //! model can reach on those samples.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::{PeerSampling, build_eval_set};
 use crate::batch::Batch;
@@ -29,7 +29,7 @@ fn default_sharpness() -> f32 {
 }
 
 /// The `[data.source]` section for `kind = "synthetic-classification"`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TeacherConfig {
     /// Features per row.

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::windows::{TokenStore, WindowDataset};
 use super::{PeerSampling, read_whole_file};
@@ -12,7 +12,7 @@ use crate::error::DataError;
 pub const BYTE_VOCAB: usize = 256;
 
 /// The `[data.source]` section for `kind = "text"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TextConfig {
     /// The text file (any bytes; UTF-8 is read as its bytes).

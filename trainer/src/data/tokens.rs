@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::windows::{TokenStore, WindowDataset};
 use super::{GZIP_MAGIC, PeerSampling, read_whole_file};
@@ -27,7 +27,7 @@ pub const LLMC_MAGIC_U32: i32 = 20240801;
 pub const LLMC_VERSION_U32: i32 = 7;
 
 /// How tokens are stored in the file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 pub enum TokenFormat {
     /// Raw little-endian `u16`, as nanoGPT's `prepare.py` writes.
     #[serde(rename = "nanogpt-u16")]
@@ -41,7 +41,7 @@ pub enum TokenFormat {
 }
 
 /// The `[data.source]` section for `kind = "tokens"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokensConfig {
     /// The shard file.

@@ -6,7 +6,7 @@
 //! files read naturally next to them.
 
 use candle_core::{Device, Tensor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::autograd::{ParamTensors, cross_entropy, layer_norm, softmax_last};
 use crate::batch::{Batch, BatchInputs};
@@ -25,7 +25,7 @@ fn default_mlp_ratio() -> usize {
 }
 
 /// The `[model]` section for `kind = "gpt"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GptConfig {
     /// Number of transformer blocks.

@@ -1,7 +1,7 @@
 //! A multi-layer perceptron classifier over dense feature rows.
 
 use candle_core::{Device, Tensor};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::autograd::{ParamTensors, cross_entropy};
 use crate::batch::{Batch, BatchInputs};
@@ -12,7 +12,7 @@ use crate::layout::{Init, ParamLayout};
 const MAX_WIDTH: usize = 1 << 16;
 
 /// Hidden-layer non-linearity.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Activation {
     /// max(0, x); weights start with He initialisation.
@@ -25,7 +25,7 @@ pub enum Activation {
 }
 
 /// The `[model]` section for `kind = "mlp"`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MlpConfig {
     /// Width of each hidden layer, input side first (may be empty: logistic regression).

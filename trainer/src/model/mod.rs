@@ -10,7 +10,7 @@ mod gpt;
 mod mlp;
 
 use candle_core::Device;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 pub use gpt::{Gpt, GptConfig};
 pub use mlp::{Activation, Mlp, MlpConfig};
@@ -20,7 +20,7 @@ use crate::error::{ConfigError, TrainerError};
 use crate::layout::ParamLayout;
 
 /// The `[model]` section: which model and its dimensions.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum ModelConfig {
     /// A multi-layer perceptron over feature rows.

@@ -10,7 +10,7 @@ mod sgd;
 
 use std::ops::Range;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::ParamLayout;
@@ -35,7 +35,7 @@ fn default_adamw_decay() -> f32 {
 }
 
 /// The `[optimizer]` section.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(tag = "kind", deny_unknown_fields)]
 pub enum OptimizerConfig {
     /// SGD with Nesterov momentum and coupled (L2) weight decay.

@@ -7,9 +7,9 @@ use murmur_protocol::identity::PeerId;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::parcel::Parcel;
 use super::pool::BufferPool;
 use crate::net::{NetError, TensorStreamReader};
+use crate::parcel::Parcel;
 
 /// A parcel and the authenticated peer that sent it.
 #[derive(Debug)]

@@ -10,10 +10,9 @@
 
 mod mailbox;
 mod outbox;
-mod parcel;
 mod pool;
 
+pub use crate::parcel::{Parcel, ParcelError};
 pub use mailbox::{Delivery, Mailbox, MailboxConfig};
 pub use outbox::{Outbox, OutboxConfig, SendReport};
-pub use parcel::{Parcel, ParcelError};
 pub use pool::BufferPool;

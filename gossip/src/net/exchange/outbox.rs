@@ -7,8 +7,8 @@ use std::time::Duration;
 use murmur_protocol::identity::PeerId;
 use tokio::sync::mpsc;
 
-use super::parcel::Parcel;
 use crate::net::{NetError, NetHandle, TensorStreamWriter};
+use crate::parcel::Parcel;
 
 /// Bounds of an [`Outbox`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,9 +18,9 @@
 //! peer had its whole averaged vector, counted from when that peer began the round; its
 //! period is the time from the previous round's last result to this one's, waits between
 //! rounds included. Bus bandwidth is reckoned from periods, what back-to-back rounds really
-//! cost; the latency bar is on round times. Peers begin each round once all are ready for it
-//! (see `murmur bench allreduce --free-start` for the other way). The first round also
-//! opens streams and grows congestion windows, so the medians are over the rounds after it.
+//! cost; the latency bar is on round times. Peers begin each round together, when its group
+//! forms by matchmaking. The first round also opens streams and grows congestion windows,
+//! so the medians are over the rounds after it.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -63,8 +63,6 @@ struct BenchSpec {
     timeouts: Option<(Duration, Duration)>,
     /// Every peer's QUIC receive window in bytes, when not the default.
     quic_window: Option<u32>,
-    /// Peers begin each round as soon as their last one ended (`--free-start`).
-    free_start: bool,
     /// How long the whole run may take before it is killed.
     limit: Duration,
 }
@@ -137,9 +135,6 @@ fn run_bench(
     }
     if let Some(window) = spec.quic_window {
         command.args(["--quic-receive-window", &window.to_string()]);
-    }
-    if spec.free_start {
-        command.arg("--free-start");
     }
     crate::end_with_parent(&mut command);
     let monitor = CpuMonitor::start(harness);
@@ -245,7 +240,6 @@ mod tests {
             rounds: 4,
             timeouts: None,
             quic_window: None,
-            free_start: false,
             limit: Duration::from_secs(1),
         };
         let run = BenchRun {

@@ -58,7 +58,6 @@ impl EfficiencyCase {
             spec.codec,
             self.rate_bits_per_sec,
             spec.quic_window,
-            spec.free_start,
             self.offloads,
         )
     }
@@ -70,14 +69,12 @@ fn case_name(
     codec: &str,
     rate: u64,
     quic_window: Option<u32>,
-    free_start: bool,
     offloads: bool,
 ) -> String {
     let window = quic_window.map_or(String::new(), |w| format!(" window {w} B"));
-    let start = if free_start { " free start" } else { "" };
     let offloads = if offloads { "" } else { " no offloads" };
     format!(
-        "N={peers} {codec} {} Mbit/s{window}{start}{offloads}",
+        "N={peers} {codec} {} Mbit/s{window}{offloads}",
         rate / 1_000_000
     )
 }
@@ -103,8 +100,6 @@ pub(super) struct CasePlan {
     rounds: u32,
     /// Every peer's QUIC receive window, when not the default.
     quic_window: Option<u32>,
-    /// Peers begin each round as soon as their last one ended.
-    free_start: bool,
     /// The delay stage runs with segment offloads.
     offloads: bool,
     /// The least busbw/B that passes, if any.
@@ -120,7 +115,6 @@ impl CasePlan {
             elements: 16 << 20,
             rounds: 6,
             quic_window: None,
-            free_start: false,
             offloads: true,
             required,
         }
@@ -141,13 +135,6 @@ impl CasePlan {
         }
     }
 
-    pub(super) fn free_start(self) -> Self {
-        CasePlan {
-            free_start: true,
-            ..self
-        }
-    }
-
     pub(super) fn without_offloads(self) -> Self {
         CasePlan {
             offloads: false,
@@ -162,7 +149,6 @@ impl CasePlan {
             self.codec,
             self.rate,
             self.quic_window,
-            self.free_start,
             self.offloads,
         )
     }
@@ -287,7 +273,6 @@ pub(super) fn run_cases(
             rounds: plan.rounds,
             timeouts: Some(TIMEOUTS),
             quic_window: plan.quic_window,
-            free_start: plan.free_start,
             limit: Duration::from_secs(if options.long { 540 } else { 150 }),
         };
         let case = EfficiencyCase {
@@ -329,7 +314,7 @@ impl EfficiencyReport {
     /// The results as Markdown tables.
     pub fn table(&self) -> String {
         let mut t = String::from(
-            "| N | codec | S (MiB) | QUIC window (B) | start | stage offloads | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | round times (s) | periods (s) | median period after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine | uplinks: mean use / time all full / time ≤ 1 busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            "| N | codec | S (MiB) | QUIC window (B) | stage offloads | B (Mbit/s) | bound 2(N−1)/N·S/B (s) | round times (s) | periods (s) | median period after the first (s) | busbw/B | bar | least coverage | CPU under traffic (cores): peers / delay stage / softirq / machine | uplinks: mean use / time all full / time ≤ 1 busy |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         for c in &self.cases {
             let list = |values: &[f64]| {
@@ -342,7 +327,7 @@ impl EfficiencyReport {
             let cpu = c.run.cpu.under_traffic();
             let up = c.run.uplinks;
             t.push_str(&format!(
-                "| {} | {} | {:.0} | {} | {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} | {:.2} / {:.0}% / {:.0}% |\n",
+                "| {} | {} | {:.0} | {} | {} | {} | {:.2} | {} | {} | {:.2} | {:.3} | {} | {:.3} | {:.2} / {:.2} / {:.2} / {:.2} of {} | {:.2} / {:.0}% / {:.0}% |\n",
                 c.run.spec.peers,
                 c.run.spec.codec,
                 c.vector_bytes() / f64::from(1u32 << 20),
@@ -350,11 +335,6 @@ impl EfficiencyReport {
                     .spec
                     .quic_window
                     .map_or("default".to_owned(), |w| w.to_string()),
-                if c.run.spec.free_start {
-                    "free"
-                } else {
-                    "agreed"
-                },
                 if c.offloads { "on" } else { "off" },
                 c.rate_bits_per_sec / 1_000_000,
                 c.bound_s(),
@@ -399,7 +379,6 @@ impl Report for EfficiencyReport {
                     "rate_bits_per_sec": c.rate_bits_per_sec,
                     "quic_receive_window": c.run.spec.quic_window,
                     "rtt_s": RTT.as_secs_f64(),
-                    "free_start": c.run.spec.free_start,
                     "stage_offloads": c.offloads,
                     "round_times_s": c.run.round_times_s,
                     "round_periods_s": c.run.round_periods_s,
@@ -494,7 +473,6 @@ mod tests {
                     rounds: periods.len() as u32,
                     timeouts: None,
                     quic_window: None,
-                    free_start: false,
                     limit: Duration::from_secs(1),
                 },
                 round_times_s: vec![1.0; periods.len()],

@@ -42,7 +42,6 @@ pub fn latency(options: &ScenarioOptions) -> anyhow::Result<LatencyReport> {
         rounds,
         timeouts: None,
         quic_window: None,
-        free_start: false,
         limit,
     };
     let butterfly = run_bench(options, &harness, &hosts, &spec("butterfly"))?;

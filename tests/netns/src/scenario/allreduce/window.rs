@@ -3,11 +3,7 @@
 //!
 //! A QUIC write returns once the bytes are in the connection's send buffer, and a receiver
 //! grants as much credit as its window. With the default window a whole part of a 16 MiB
-//! vector is "sent" at once, long before it is on the wire. Were a peer that has every
-//! average it needs to start its next round at once, its own averages still queued for
-//! slower peers would share its uplink with that round's parts, and the skew would carry
-//! from round to round; so each case also runs with `--free-start`, where peers do that,
-//! beside the default, where they begin a round together. With a window of
+//! vector is "sent" at once, long before it is on the wire. With a window of
 //! [`SMALL_WINDOW`] a write waits until the receiver has read nearly everything before it.
 //! The cost of a small window is the rate of one stream: at most about a window per round
 //! trip (125 kB over 20 ms is 50 Mbit/s), so the links here are 20 Mbit/s, where that cap
@@ -22,8 +18,8 @@ const SMALL_WINDOW: u32 = 125_000;
 const RATE: u64 = 20_000_000;
 
 /// `quic-window`: N = 4 and 8, a 16 MiB vector in f32 and in int8, 20 Mbit/s links and
-/// 20 ms round trips, 4 rounds with each of the default window and a 125 kB one, each with
-/// agreed and with free round starts, for each codec. A benchmark without a bar: it passes
+/// 20 ms round trips, 4 rounds with each of the default window and a 125 kB one, for each
+/// codec. A benchmark without a bar: it passes
 /// when every round averages the whole vector. `--long` runs each case three times.
 pub fn quic_window(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport> {
     let repeats = if options.long { 3 } else { 1 };
@@ -33,10 +29,8 @@ pub fn quic_window(options: &ScenarioOptions) -> anyhow::Result<EfficiencyReport
             for codec in ["f32", "int8:64"] {
                 let default = CasePlan::new(peers, RATE, codec, None).sized(4 << 20, 4);
                 let small = default.window(SMALL_WINDOW);
-                for case in [default, small] {
-                    cases.push(case);
-                    cases.push(case.free_start());
-                }
+                cases.push(default);
+                cases.push(small);
             }
         }
     }

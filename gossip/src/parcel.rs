@@ -1,5 +1,9 @@
 //! [`Parcel`]: a message of the averaging protocols, owned, so that it can cross from the
-//! stream that read it to the task that acts on it.
+//! stream that read it to the engine that acts on it.
+//!
+//! Parcels are plain data: the engines produce and consume them without any I/O, the
+//! simulator carries them over its virtual links (with `u32` peer keys), and the network
+//! layer turns them into frames on tensor streams (with libp2p peer ids).
 
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
@@ -10,10 +14,14 @@ use murmur_protocol::message::{
 /// An averaging-protocol message with its payload in an owned buffer.
 ///
 /// The scalar fields travel as the wire struct itself with an empty payload slice; the
-/// payload bytes sit beside it ([`Parcel::into_payload`] takes them out). Buffers come from the mailbox's pool and go
-/// back to it with [`Mailbox::recycle`](super::Mailbox::recycle).
+/// payload bytes sit beside it ([`Parcel::into_payload`] takes them out). Buffers come from
+/// a pool and go back to it (the network layer's is
+/// [`Mailbox::recycle`](crate::net::exchange::Mailbox::recycle)).
+///
+/// `P` names peers (in a group start's member list): [`PeerId`] on the network, any
+/// [`PeerKey`](crate::PeerKey) in the simulator.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Parcel {
+pub enum Parcel<P = PeerId> {
     /// A push-sum share (SGP).
     Share(PushSumShare<'static>, Vec<u8>),
     /// A push-sum share its receiver could not use, for the sender to take back (SGP).
@@ -32,7 +40,7 @@ pub enum Parcel {
         /// The group's id in its chunks.
         group_id: u64,
         /// Members and their part sizes, in part order.
-        members: Vec<(PeerId, u64)>,
+        members: Vec<(P, u64)>,
     },
     /// A refused join.
     GroupReject(GroupReject),
@@ -56,7 +64,7 @@ pub enum ParcelError {
     },
 }
 
-impl Parcel {
+impl Parcel<PeerId> {
     /// Copies `message` into a parcel. A payload goes into a buffer from `buffer` (called
     /// only for kinds that carry one; the buffer is cleared first and grown only if too
     /// small).
@@ -145,7 +153,9 @@ impl Parcel {
             }
         }
     }
+}
 
+impl<P> Parcel<P> {
     /// Takes the payload buffer out (empty for parcels without one), to recycle it.
     pub fn into_payload(self) -> Vec<u8> {
         match self {

@@ -1,0 +1,317 @@
+//! Who is in the swarm, as one peer sees it: the peers whose invites verified, what each
+//! last said in its heartbeat, and which of them fell silent.
+//!
+//! The network layer says when a peer is admitted or gone and hands over every heartbeat
+//! it accepted (signed by an invited peer). [`Membership`] keeps the table, says when this
+//! peer's own heartbeat is due, and gives up on a peer whose heartbeats stopped for
+//! [`SILENCE_INTERVALS`] intervals: a crashed peer's connection can take the transport's
+//! idle timeout to close, but its heartbeats stop at once.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::{PeerKey, Time};
+
+/// Heartbeat intervals of silence after which a peer is taken for gone.
+pub const SILENCE_INTERVALS: f64 = 1.6;
+
+/// That a peer is looking for a butterfly group, as its heartbeat says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Looking {
+    /// The round it is ready for.
+    pub round: u64,
+    /// When it stops waiting, on the receiver's clock.
+    pub until: Time,
+}
+
+/// What a peer's heartbeat says, as the engines use it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Beat {
+    /// The round (optimizer step or outer step) or SGP step the peer is at.
+    pub step: u64,
+    /// Samples accumulated towards the swarm's next round (butterfly; 0 elsewhere).
+    pub samples_accumulated: u64,
+    /// Recent training throughput.
+    pub samples_per_s: f32,
+    /// Upload bandwidth the peer offers, in bytes per second; 0 = unknown.
+    pub upload_bytes_per_s: u64,
+    /// Set while the peer looks for a group.
+    pub looking: Option<Looking>,
+}
+
+impl Beat {
+    /// A heartbeat that says nothing yet: step 0, nothing accumulated, not looking.
+    pub const EMPTY: Beat = Beat {
+        step: 0,
+        samples_accumulated: 0,
+        samples_per_s: 0.0,
+        upload_bytes_per_s: 0,
+        looking: None,
+    };
+}
+
+/// A membership change, as the network layer reports it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MemberEvent<P> {
+    /// The peer's invite verified: it is a member.
+    Admitted(P),
+    /// The peer's last connection closed, or its invite was refused.
+    Left(P),
+    /// A heartbeat of the peer arrived (the network layer checked its signer's invite).
+    Heartbeat(P, Beat),
+}
+
+/// What a [`MemberEvent`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change<P> {
+    /// A peer the table did not hold is in it now.
+    Joined(P),
+    /// A peer left the table.
+    Left(P),
+}
+
+/// One peer's view of the swarm's membership.
+#[derive(Debug, Clone)]
+pub struct Membership<P> {
+    me: P,
+    interval: Duration,
+    members: BTreeMap<P, Member>,
+    own: Beat,
+    next_beat: Time,
+    next_check: Time,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Member {
+    news: Option<Beat>,
+    heard: Option<Time>,
+}
+
+impl<P: PeerKey> Membership<P> {
+    /// The view of `me`, heartbeating every `interval`; the first heartbeat is due at `now`.
+    pub fn new(me: P, interval: Duration, now: Time) -> Membership<P> {
+        Membership {
+            me,
+            interval: interval.max(Duration::from_millis(1)),
+            members: BTreeMap::new(),
+            own: Beat::EMPTY,
+            next_beat: now,
+            next_check: now,
+        }
+    }
+
+    /// This peer.
+    pub fn me(&self) -> P {
+        self.me
+    }
+
+    /// The heartbeat interval.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// Applies what the network layer saw.
+    pub fn note(&mut self, now: Time, event: MemberEvent<P>) -> Option<Change<P>> {
+        match event {
+            MemberEvent::Admitted(peer) if peer != self.me => {
+                let joined = !self.members.contains_key(&peer);
+                self.members.entry(peer).or_insert(Member {
+                    news: None,
+                    heard: None,
+                });
+                joined.then_some(Change::Joined(peer))
+            }
+            MemberEvent::Left(peer) => self.members.remove(&peer).map(|_| Change::Left(peer)),
+            MemberEvent::Heartbeat(peer, beat) if peer != self.me => {
+                let joined = !self.members.contains_key(&peer);
+                self.members.insert(
+                    peer,
+                    Member {
+                        news: Some(beat),
+                        heard: Some(now),
+                    },
+                );
+                joined.then_some(Change::Joined(peer))
+            }
+            MemberEvent::Admitted(_) | MemberEvent::Heartbeat(..) => None,
+        }
+    }
+
+    /// When [`Membership::beat_due`] or [`Membership::silent`] next has work.
+    pub fn poll_timeout(&self) -> Time {
+        self.next_beat.min(self.next_check)
+    }
+
+    /// Whether this peer's heartbeat is due at `now`; if so, the next is scheduled an
+    /// interval later and the caller publishes [`Membership::own`].
+    pub fn beat_due(&mut self, now: Time) -> bool {
+        if now < self.next_beat {
+            return false;
+        }
+        self.next_beat = now + self.interval;
+        true
+    }
+
+    /// The peers whose heartbeats stopped for [`SILENCE_INTERVALS`] intervals, checked every
+    /// quarter interval; they leave the table. Peers never heard from are not given up
+    /// here: their connection closing removes them.
+    pub fn silent(&mut self, now: Time, out: &mut Vec<P>) {
+        if now < self.next_check {
+            return;
+        }
+        self.next_check = now + self.interval / 4;
+        let limit = self.interval.mul_f64(SILENCE_INTERVALS);
+        out.extend(
+            self.members
+                .iter()
+                .filter(|(_, m)| m.heard.is_some_and(|h| now.saturating_since(h) > limit))
+                .map(|(p, _)| *p),
+        );
+        for peer in out.iter() {
+            self.members.remove(peer);
+        }
+    }
+
+    /// Says what the next heartbeat carries and makes it due at once.
+    pub fn announce(&mut self, now: Time, beat: Beat) {
+        self.own = beat;
+        self.next_beat = now;
+    }
+
+    /// Changes what the next heartbeat carries without making it due.
+    pub fn set_own(&mut self, beat: Beat) {
+        self.own = beat;
+    }
+
+    /// What this peer's heartbeat says.
+    pub fn own(&self) -> Beat {
+        self.own
+    }
+
+    /// The other members, in key order.
+    pub fn peers(&self) -> impl Iterator<Item = P> + '_ {
+        self.members.keys().copied()
+    }
+
+    /// Whether `peer` is a member.
+    pub fn contains(&self, peer: &P) -> bool {
+        self.members.contains_key(peer)
+    }
+
+    /// How many other members there are.
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Whether this peer knows no other member.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// The latest heartbeat of `peer`, if one arrived.
+    pub fn news(&self, peer: &P) -> Option<&Beat> {
+        self.members.get(peer).and_then(|m| m.news.as_ref())
+    }
+
+    /// Every member heard from at least once, with its latest heartbeat.
+    pub fn heard(&self) -> impl Iterator<Item = (P, &Beat)> + '_ {
+        self.members
+            .iter()
+            .filter_map(|(p, m)| m.news.as_ref().map(|n| (*p, n)))
+    }
+
+    /// Whether every member has been heard from.
+    pub fn all_heard(&self) -> bool {
+        self.members.values().all(|m| m.news.is_some())
+    }
+
+    /// The highest step any member's heartbeat reported.
+    pub fn swarm_step(&self) -> u64 {
+        self.heard().map(|(_, b)| b.step).max().unwrap_or(0)
+    }
+
+    /// Samples the other members accumulated towards round `round`.
+    pub fn samples_at(&self, round: u64) -> u64 {
+        self.heard()
+            .filter(|(_, b)| b.step == round)
+            .map(|(_, b)| b.samples_accumulated)
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn at(secs: f64) -> Time {
+        Time::from_secs_f64(secs)
+    }
+
+    fn beat(step: u64, samples: u64) -> Beat {
+        Beat {
+            step,
+            samples_accumulated: samples,
+            ..Beat::EMPTY
+        }
+    }
+
+    #[test]
+    fn a_peer_joins_by_admission_or_heartbeat_once() {
+        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
+        assert_eq!(
+            m.note(Time::ZERO, MemberEvent::Admitted(1)),
+            Some(Change::Joined(1))
+        );
+        assert_eq!(m.note(Time::ZERO, MemberEvent::Admitted(1)), None);
+        assert_eq!(
+            m.note(Time::ZERO, MemberEvent::Heartbeat(2, beat(3, 0))),
+            Some(Change::Joined(2))
+        );
+        assert_eq!(m.note(Time::ZERO, MemberEvent::Admitted(0)), None, "not me");
+        assert_eq!(m.len(), 2);
+        assert!(!m.all_heard(), "peer 1 has not beaten yet");
+        assert_eq!(m.swarm_step(), 3);
+        assert_eq!(
+            m.note(Time::ZERO, MemberEvent::Left(1)),
+            Some(Change::Left(1))
+        );
+        assert_eq!(m.note(Time::ZERO, MemberEvent::Left(1)), None);
+    }
+
+    #[test]
+    fn a_peer_silent_for_more_than_the_bound_is_given_up_and_a_fresh_one_is_not() {
+        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
+        m.note(at(0.0), MemberEvent::Heartbeat(1, beat(0, 0)));
+        m.note(at(0.0), MemberEvent::Admitted(2));
+        let mut gone = Vec::new();
+        m.silent(at(1.5), &mut gone);
+        assert!(gone.is_empty(), "1.5 intervals is within the bound");
+        m.silent(at(1.8), &mut gone);
+        assert_eq!(gone, [1]);
+        assert!(!m.contains(&1));
+        assert!(m.contains(&2), "never heard from: left to its connection");
+    }
+
+    #[test]
+    fn samples_count_only_at_the_same_round() {
+        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
+        m.note(Time::ZERO, MemberEvent::Heartbeat(1, beat(4, 10)));
+        m.note(Time::ZERO, MemberEvent::Heartbeat(2, beat(4, 7)));
+        m.note(Time::ZERO, MemberEvent::Heartbeat(3, beat(3, 100)));
+        assert_eq!(m.samples_at(4), 17);
+        assert_eq!(m.samples_at(3), 100);
+    }
+
+    #[test]
+    fn an_announcement_makes_the_heartbeat_due_at_once() {
+        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
+        assert!(m.beat_due(at(0.0)));
+        assert!(!m.beat_due(at(0.5)));
+        m.announce(at(0.5), beat(1, 2));
+        assert!(m.beat_due(at(0.5)));
+        assert_eq!(m.own().samples_accumulated, 2);
+        assert_eq!(m.poll_timeout(), at(0.0), "the silence check is still due");
+    }
+}

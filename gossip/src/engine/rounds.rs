@@ -1,0 +1,957 @@
+//! The engine of the modes that average in rounds: `butterfly`, `sync-ring` and
+//! `local-sgd`.
+//!
+//! # A round
+//!
+//! 1. **Due.** Butterfly: the swarm's samples towards this round (this peer's, and the
+//!    others' from their heartbeats) reach `target_batch`. Sync-ring: after every step.
+//!    Local SGD: after every `H` local steps.
+//! 2. **Matchmaking.** The peer is ready and looks for a group with the [`Matchmaker`],
+//!    announcing in its heartbeat that it looks; `JoinGroup`, `GroupReject` and
+//!    `GroupBegin` go as parcels. The leader sizes the parts by the bandwidth each member
+//!    declared (a member that cannot accept connections reduces nothing), so every member
+//!    of a group holds the same members, partition and group id: members agree on the
+//!    round without any further message. A peer that finds no group by `max_wait` averages
+//!    alone.
+//! 3. **Round.** Butterfly and local SGD run a [`ButterflyRound`](crate::butterfly) in the
+//!    group; sync-ring runs a [`RingAllReduce`](crate::ring) over the group's members. Chunks
+//!    that arrive before this peer's `GroupBegin` wait for it. Error feedback, when on, carries
+//!    what each round's encoding lost into the next.
+//! 4. **Apply.** Butterfly and sync-ring hand the averaged gradient to the trainer
+//!    ([`Work::Apply`]); local SGD takes its outer step ([`OuterStep`]).
+//!
+//! In butterfly mode a peer keeps computing gradients while it looks for a group and while
+//! its round runs (with [`RoundSettings::overlap`], as `murmur run` sets it): those steps
+//! count towards the next round. The other modes wait.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::message::{GroupReject, JoinGroup};
+use rand::rngs::Xoshiro256PlusPlus;
+use rand::{RngExt, SeedableRng};
+
+use crate::butterfly::{
+    ButterflyConfig, Group, JoinRequest, MatchInput, MatchOutput, Matchmaker, MemberProfile,
+    Partition, Residuals, RoundBuffers,
+};
+use crate::parcel::Parcel;
+use crate::{PeerKey, Time};
+
+use super::collective::Collective;
+use super::early::{Early, Spares, group_of};
+use super::local_sgd::{LocalSgdSettings, OuterStep};
+use super::membership::{Beat, Change, Looking, MemberEvent, Membership};
+use super::{
+    Engine, EngineError, EngineEvent, EngineInput, EngineOutput, EngineStatus, Work, WorkDone,
+};
+
+/// When a round is due and what it averages.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RoundPolicy {
+    /// Gradients, once the swarm has `target_batch` samples towards the round.
+    Butterfly {
+        /// Samples the swarm gathers, all peers together, before it averages.
+        target_batch: u64,
+    },
+    /// Gradients, every step, in a ring over the whole swarm.
+    SyncRing,
+    /// Pseudo-gradients, every `H` local steps, then an outer step.
+    LocalSgd(LocalSgdSettings),
+}
+
+/// How a [`RoundEngine`] runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundSettings {
+    /// The mode.
+    pub policy: RoundPolicy,
+    /// The codec of every chunk.
+    pub codec: CodecSpec,
+    /// Matchmaking, chunking, timeouts and clipping.
+    pub butterfly: ButterflyConfig,
+    /// The longest a ring round may take.
+    pub ring_timeout: Duration,
+    /// Carry each round's quantization error into the next (lossy codecs).
+    pub error_feedback: bool,
+    /// Butterfly: keep computing gradients while looking for a group and while the round
+    /// runs, towards the next round (the daemon does). Off, a peer waits for its round, so
+    /// that each round averages exactly one contribution per member (benchmarks).
+    pub overlap: bool,
+    /// Size the parts of a group this peer leads by the bandwidth each member declares
+    /// (the measured upload, capped by the declared cap); off, a peer declares none, and
+    /// parts are equal. Benchmarks compare the two.
+    pub size_parts_by_bandwidth: bool,
+    /// Samples in one local step's batch.
+    pub batch_size: u64,
+    /// Upload bandwidth this peer declares, in bytes per second (its cap); 0 = none
+    /// declared, so the measured bandwidth alone sizes its part.
+    pub upload_cap: u64,
+    /// Whether other peers can open connections to this one; one that cannot reduces no
+    /// part.
+    pub accepts_connections: bool,
+    /// The wall clock at [`Time::ZERO`], in milliseconds since the Unix epoch: group
+    /// requests carry deadlines on it.
+    pub wall_ms_at_zero: u64,
+    /// Seeds the group ids this peer picks as a leader.
+    pub seed: u64,
+}
+
+/// Where the engine is in its round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Computing towards the next round.
+    Training,
+    /// Looking for a group, since this time.
+    Matching { since: Time },
+    /// In a round.
+    Averaging,
+    /// The round's result is in; waiting for the trainer to be free to apply it.
+    Applying,
+}
+
+/// The engine of `butterfly`, `sync-ring` and `local-sgd`. See the [module docs](self).
+#[derive(Debug)]
+pub struct RoundEngine<P> {
+    me: P,
+    settings: RoundSettings,
+    membership: Membership<P>,
+    matchmaker: Matchmaker<P>,
+    len: usize,
+    /// The parameters, unless the trainer holds them.
+    params: Option<Vec<f32>>,
+    /// The gradient buffer, unless the trainer or a round holds it.
+    grad: Option<Vec<f32>>,
+    /// `Σ samples · gradient` since the last contribution (butterfly, sync-ring).
+    accumulated: Vec<f32>,
+    /// Samples behind `accumulated`, or behind the local steps since the last outer step.
+    samples: u64,
+    /// Local steps taken, this run and before it (the schedule's step for local SGD).
+    local_step: u64,
+    /// Local steps since the last outer step (local SGD).
+    since_outer: u64,
+    /// The round: the optimizer step (outer step for local SGD).
+    round: u64,
+    phase: Phase,
+    /// The kind of work the trainer holds, if any.
+    working: Option<&'static str>,
+    outer: Option<OuterStep>,
+    collective: Option<Collective<P>>,
+    /// Rounds whose result is in, still sending averages to slower members.
+    draining: Vec<Collective<P>>,
+    /// A finished round's averaged vector, until it is applied.
+    result: Option<Vec<f32>>,
+    /// Vector memory for the next round.
+    spare: RoundBuffers,
+    /// The contribution kept for a ring round, whose machine scales it in place.
+    ring_local: Vec<f32>,
+    early: Early<P>,
+    spares: Spares,
+    next_tag: u64,
+    upload_measured: u64,
+    rng: Xoshiro256PlusPlus,
+    outputs: VecDeque<EngineOutput<P>>,
+    finishing: bool,
+    finished: bool,
+    departed: bool,
+    rounds_done: u64,
+    silent: Vec<P>,
+    /// The time of the input being handled.
+    now: Time,
+    /// Samples per second over recent steps (exponential average).
+    rate: f64,
+}
+
+impl<P: PeerKey> RoundEngine<P> {
+    /// The engine of `membership.me()`, starting from `params` at round `round`, with
+    /// `local_step` local steps taken before (a resumed or joining peer).
+    pub fn new(
+        membership: Membership<P>,
+        params: Vec<f32>,
+        round: u64,
+        local_step: u64,
+        settings: RoundSettings,
+    ) -> Result<RoundEngine<P>, EngineError> {
+        let me = membership.me();
+        let len = params.len();
+        let matchmaker = Matchmaker::new(me, len, settings.butterfly.clone())?;
+        let outer = match settings.policy {
+            RoundPolicy::LocalSgd(local) => Some(OuterStep::new(&params, local)),
+            _ => None,
+        };
+        let mut spare = RoundBuffers::default();
+        if settings.error_feedback {
+            spare.feedback = Some(Residuals::zeros(len));
+        }
+        let mut engine = RoundEngine {
+            me,
+            rng: Xoshiro256PlusPlus::seed_from_u64(settings.seed),
+            membership,
+            matchmaker,
+            len,
+            params: Some(params),
+            grad: Some(vec![0.0; len]),
+            accumulated: vec![0.0; len],
+            samples: 0,
+            local_step,
+            since_outer: 0,
+            round,
+            phase: Phase::Training,
+            working: None,
+            outer,
+            collective: None,
+            draining: Vec::new(),
+            result: None,
+            spare,
+            ring_local: Vec::new(),
+            early: Early::default(),
+            spares: Spares::default(),
+            next_tag: 0,
+            upload_measured: 0,
+            outputs: VecDeque::new(),
+            finishing: false,
+            finished: false,
+            departed: false,
+            rounds_done: 0,
+            silent: Vec::new(),
+            now: Time::ZERO,
+            rate: 0.0,
+            settings,
+        };
+        engine.announce(Time::ZERO);
+        engine.next_work();
+        Ok(engine)
+    }
+
+    fn overlaps(&self) -> bool {
+        self.settings.overlap && matches!(self.settings.policy, RoundPolicy::Butterfly { .. })
+    }
+
+    /// What this peer's heartbeat says now.
+    fn beat(&self) -> Beat {
+        let looking = match self.phase {
+            Phase::Matching { .. } if self.matchmaker.is_looking() => Some(Looking {
+                round: self.round,
+                until: self.matchmaker.deadline(),
+            }),
+            _ => None,
+        };
+        Beat {
+            step: self.round,
+            samples_accumulated: self.samples,
+            samples_per_s: self.rate as f32,
+            upload_bytes_per_s: self.upload_offered(),
+            looking,
+        }
+    }
+
+    fn announce(&mut self, now: Time) {
+        let beat = self.beat();
+        self.membership.announce(now, beat);
+    }
+
+    /// The bandwidth this peer offers its group: the measured one, capped by the declared
+    /// cap; the cap alone while nothing is measured.
+    fn upload_offered(&self) -> u64 {
+        if !self.settings.size_parts_by_bandwidth {
+            return 0;
+        }
+        match (self.settings.upload_cap, self.upload_measured) {
+            (0, measured) => measured,
+            (cap, 0) => cap,
+            (cap, measured) => cap.min(measured),
+        }
+    }
+
+    /// Gives the trainer its next work, if it is free and there is any.
+    fn next_work(&mut self) {
+        if self.working.is_some() {
+            return;
+        }
+        if self.phase == Phase::Applying {
+            self.apply_result();
+            return;
+        }
+        if self.finishing {
+            return;
+        }
+        let computing = match self.phase {
+            Phase::Training => true,
+            Phase::Matching { .. } | Phase::Averaging => self.overlaps(),
+            Phase::Applying => false,
+        };
+        if !computing {
+            return;
+        }
+        let Some(params) = self.params.take() else {
+            return;
+        };
+        let work = match self.settings.policy {
+            RoundPolicy::LocalSgd(_) => Work::Step {
+                params,
+                step: self.local_step,
+                swarm_batch: self.settings.batch_size * (self.membership.len() as u64 + 1),
+            },
+            _ => {
+                let grad = self.grad.take().unwrap_or_default();
+                Work::Gradient { params, grad }
+            }
+        };
+        self.working = Some(work.kind());
+        self.outputs.push_back(EngineOutput::Work(work));
+    }
+
+    fn on_work_done(&mut self, now: Time, done: WorkDone) -> Result<(), EngineError> {
+        let expected = self.working.take().unwrap_or("nothing");
+        if expected != done.kind() {
+            return Err(EngineError::UnexpectedWork {
+                expected,
+                got: done.kind(),
+            });
+        }
+        match done {
+            WorkDone::Gradient {
+                params,
+                grad,
+                samples,
+                took,
+            } => {
+                self.note_rate(samples, took);
+                self.check_len(&params)?;
+                self.check_len(&grad)?;
+                let weight = samples as f32;
+                for (a, &g) in self.accumulated.iter_mut().zip(&grad) {
+                    *a += weight * g;
+                }
+                self.samples += samples;
+                self.local_step += 1;
+                self.params = Some(params);
+                self.grad = Some(grad);
+            }
+            WorkDone::Stepped {
+                params,
+                samples,
+                took,
+            } => {
+                self.note_rate(samples, took);
+                self.check_len(&params)?;
+                self.samples += samples;
+                self.local_step += 1;
+                self.since_outer += 1;
+                self.params = Some(params);
+            }
+            WorkDone::Applied { params, grad } => {
+                self.check_len(&params)?;
+                self.params = Some(params);
+                self.spare.result = grad;
+                self.end_round(now);
+            }
+        }
+        self.announce(now);
+        self.maybe_ready(now)?;
+        self.next_work();
+        Ok(())
+    }
+
+    fn note_rate(&mut self, samples: u64, took: Duration) {
+        let rate = samples as f64 / took.as_secs_f64().max(1e-6);
+        self.rate = if self.rate == 0.0 {
+            rate
+        } else {
+            0.8 * self.rate + 0.2 * rate
+        };
+    }
+
+    fn check_len(&self, v: &[f32]) -> Result<(), EngineError> {
+        if v.len() == self.len {
+            Ok(())
+        } else {
+            Err(EngineError::LengthMismatch {
+                expected: self.len,
+                got: v.len(),
+            })
+        }
+    }
+
+    /// Whether this peer's next round is due.
+    fn due(&self) -> bool {
+        match self.settings.policy {
+            RoundPolicy::Butterfly { target_batch } => {
+                self.samples > 0
+                    && self.samples + self.membership.samples_at(self.round) >= target_batch
+            }
+            RoundPolicy::SyncRing => self.samples > 0,
+            RoundPolicy::LocalSgd(_) => self
+                .outer
+                .as_ref()
+                .is_some_and(|o| self.since_outer >= o.local_steps()),
+        }
+    }
+
+    /// Starts looking for a group when the round is due.
+    fn maybe_ready(&mut self, now: Time) -> Result<(), EngineError> {
+        if self.phase != Phase::Training || self.finishing || !self.due() {
+            return Ok(());
+        }
+        // The synchronous modes step and average in turn: the trainer must be done.
+        if !self.overlaps() && self.working.is_some() {
+            return Ok(());
+        }
+        // A peer cut off from the rest counted rounds on its own and may come back behind
+        // the others' number; groups form only among peers at the same round.
+        let swarm = self.membership.swarm_step();
+        if swarm > self.round {
+            self.outputs
+                .push_back(EngineOutput::Event(EngineEvent::CaughtUp {
+                    from: self.round,
+                    to: swarm,
+                }));
+            self.round = swarm;
+        }
+        self.phase = Phase::Matching { since: now };
+        let target = self.settings.butterfly.target_group;
+        self.matchmaker
+            .set_target_group(target.min(self.membership.len() + 1));
+        let profile = MemberProfile {
+            bandwidth_bytes_per_s: self.upload_offered(),
+            accepts_connections: self.settings.accepts_connections,
+            samples: self.samples,
+        };
+        let group_id = self.rng.random();
+        self.match_input(
+            now,
+            MatchInput::Ready {
+                round: self.round,
+                group_id,
+                profile,
+            },
+        )
+    }
+
+    fn match_input(&mut self, now: Time, input: MatchInput<P>) -> Result<(), EngineError> {
+        if !matches!(input, MatchInput::Tick) {
+            tracing::trace!(me = ?self.me, round = self.round, ?input, "matchmaking input");
+        }
+        self.matchmaker.handle(now, input);
+        while let Some(output) = self.matchmaker.poll_output() {
+            tracing::debug!(me = ?self.me, round = self.round, ?output, "matchmaking");
+            match output {
+                MatchOutput::AnnounceLooking { .. } | MatchOutput::AnnounceNotLooking => {
+                    self.announce(now);
+                }
+                MatchOutput::SendJoin { to, request } => {
+                    let join = JoinGroup {
+                        round: request.round,
+                        deadline_ms: self.wall_ms(request.deadline),
+                        bandwidth_bytes_per_s: request.bandwidth_bytes_per_s,
+                        accepts_connections: request.accepts_connections,
+                        samples: request.samples,
+                    };
+                    self.send(to, Parcel::JoinGroup(join));
+                }
+                MatchOutput::SendReject { to, round, reason } => {
+                    self.send(to, Parcel::GroupReject(GroupReject { round, reason }));
+                }
+                MatchOutput::SendBegin { to, group } => {
+                    let members = group
+                        .members()
+                        .iter()
+                        .zip(group.partition().sizes())
+                        .map(|(&p, size)| (p, size as u64))
+                        .collect();
+                    self.send(
+                        to,
+                        Parcel::GroupBegin {
+                            round: group.round,
+                            group_id: group.group_id,
+                            members,
+                        },
+                    );
+                }
+                MatchOutput::Formed(group) => self.begin_round(now, group)?,
+                MatchOutput::NoGroup => self.average_alone(now)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn wall_ms(&self, at: Time) -> u64 {
+        self.settings.wall_ms_at_zero.saturating_add(at.as_millis())
+    }
+
+    fn time_of_wall(&self, wall_ms: u64) -> Time {
+        Time::from_millis(wall_ms.saturating_sub(self.settings.wall_ms_at_zero))
+    }
+
+    fn send(&mut self, to: P, parcel: Parcel<P>) {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        self.outputs
+            .push_back(EngineOutput::Send { to, tag, parcel });
+    }
+
+    /// Takes the contribution out of the accumulation: the mean gradient (butterfly,
+    /// sync-ring) or the pseudo-gradient (local SGD), into `out`; returns its weight.
+    fn take_contribution(&mut self, out: &mut Vec<f32>) -> f32 {
+        let weight = self.samples as f32;
+        match (&self.settings.policy, &self.outer, &self.params) {
+            (RoundPolicy::LocalSgd(_), Some(outer), Some(params)) => {
+                outer.pseudo_gradient(params, out);
+                self.since_outer = 0;
+            }
+            _ => {
+                let scale = 1.0 / self.samples.max(1) as f32;
+                out.clear();
+                out.extend(self.accumulated.iter().map(|a| a * scale));
+                self.accumulated.fill(0.0);
+            }
+        }
+        self.samples = 0;
+        weight
+    }
+
+    fn begin_round(&mut self, now: Time, group: Group<P>) -> Result<(), EngineError> {
+        let Phase::Matching { since } = self.phase else {
+            return Ok(());
+        };
+        let matchmaking = now.saturating_since(since);
+        let mut buffers = std::mem::take(&mut self.spare);
+        let mut local = std::mem::take(&mut buffers.local);
+        let weight = self.take_contribution(&mut local);
+        let group_id = group.group_id;
+        let gone: Vec<P> = group
+            .members()
+            .iter()
+            .copied()
+            .filter(|m| *m != self.me && !self.membership.contains(m))
+            .collect();
+        let mut collective = match self.settings.policy {
+            RoundPolicy::SyncRing => {
+                self.ring_local.clone_from(&local);
+                let feedback = buffers.feedback.take();
+                self.spare = buffers;
+                Collective::ring(
+                    self.me,
+                    &group,
+                    local,
+                    weight,
+                    self.settings.codec,
+                    self.settings.ring_timeout,
+                    now,
+                    matchmaking,
+                    feedback,
+                )?
+            }
+            _ => {
+                buffers.local = local;
+                Collective::butterfly(
+                    self.me,
+                    group,
+                    buffers,
+                    weight,
+                    self.settings.codec,
+                    &self.settings.butterfly,
+                    now,
+                    matchmaking,
+                )?
+            }
+        };
+        // The transport cannot reach members this peer already knows are gone.
+        for member in gone {
+            collective.member_lost(now, member)?;
+        }
+        let mut waiting = Vec::new();
+        self.early.take(group_id, &mut waiting);
+        for (from, parcel) in waiting {
+            self.feed_chunk(now, &mut collective, from, parcel);
+        }
+        self.phase = Phase::Averaging;
+        self.collective = Some(collective);
+        self.announce(now);
+        self.after_round_input(now)
+    }
+
+    fn feed_chunk(
+        &mut self,
+        now: Time,
+        collective: &mut Collective<P>,
+        from: P,
+        parcel: Parcel<P>,
+    ) {
+        if let Err(reason) = collective.chunk(now, from, &parcel) {
+            self.outputs
+                .push_back(EngineOutput::Event(EngineEvent::BadParcel { from, reason }));
+        }
+        self.recycle(parcel.into_payload());
+    }
+
+    /// No group: this peer's contribution is its result.
+    fn average_alone(&mut self, now: Time) -> Result<(), EngineError> {
+        if !matches!(self.phase, Phase::Matching { .. }) {
+            return Ok(());
+        }
+        let mut local = std::mem::take(&mut self.spare.result);
+        self.take_contribution(&mut local);
+        self.outputs
+            .push_back(EngineOutput::Event(EngineEvent::Alone {
+                round: self.round,
+            }));
+        self.result = Some(local);
+        self.phase = Phase::Applying;
+        self.announce(now);
+        self.next_work();
+        Ok(())
+    }
+
+    /// Drains the round's outputs, and takes its result once it is in.
+    fn after_round_input(&mut self, now: Time) -> Result<(), EngineError> {
+        if let Some(collective) = &mut self.collective {
+            collective.drain(now, &mut self.next_tag, &mut self.spares, &mut self.outputs);
+            if collective.is_finished() {
+                let mut collective = self.collective.take().expect("checked above");
+                let (mut buffers, report) = collective.take_result(now);
+                let ring_failed =
+                    matches!(self.settings.policy, RoundPolicy::SyncRing) && report.coverage < 1.0;
+                let mut result = std::mem::take(&mut buffers.result);
+                if ring_failed {
+                    // A ring that did not finish holds partial sums: keep local values.
+                    result.clone_from(&self.ring_local);
+                }
+                if let Some(feedback) = collective.take_feedback() {
+                    buffers.feedback = Some(feedback);
+                }
+                if let Some(drift) = report.drift {
+                    self.outputs
+                        .push_back(EngineOutput::Event(EngineEvent::Drift(drift)));
+                }
+                self.outputs
+                    .push_back(EngineOutput::Event(EngineEvent::Round(report)));
+                self.spare = buffers;
+                self.result = Some(result);
+                self.phase = Phase::Applying;
+                self.draining.push(collective);
+                self.next_work();
+            }
+        }
+        self.collect_drained();
+        Ok(())
+    }
+
+    /// Drops the rounds that have nothing left in flight, keeping their memory.
+    fn collect_drained(&mut self) {
+        let mut i = 0;
+        while i < self.draining.len() {
+            if self.draining[i].is_spent() {
+                let done = self.draining.swap_remove(i);
+                let group = done.group_id();
+                let averages = done.into_averages();
+                if self.spare.averages.capacity() < averages.capacity() {
+                    self.spare.averages = averages;
+                }
+                let outputs = &mut self.outputs;
+                let spares = &mut self.spares;
+                self.early.ended(group, &mut |p: Parcel<P>| {
+                    spares.give(p.into_payload(), |b| {
+                        outputs.push_back(EngineOutput::Recycle(b));
+                    });
+                });
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Hands the round's result to the trainer (or takes the outer step).
+    fn apply_result(&mut self) {
+        let Some(result) = self.result.take() else {
+            return;
+        };
+        let Some(mut params) = self.params.take() else {
+            self.result = Some(result);
+            return;
+        };
+        match (&self.settings.policy, &mut self.outer) {
+            (RoundPolicy::LocalSgd(_), Some(outer)) => {
+                outer.apply(&result, &mut params);
+                self.params = Some(params);
+                self.spare.result = result;
+                self.end_round(self.now);
+                self.next_work();
+            }
+            _ => {
+                let group = self.last_group_size();
+                let work = Work::Apply {
+                    params,
+                    grad: result,
+                    step: self.round,
+                    swarm_batch: self.settings.batch_size * group as u64,
+                };
+                self.working = Some(work.kind());
+                self.outputs.push_back(EngineOutput::Work(work));
+            }
+        }
+    }
+
+    fn last_group_size(&self) -> usize {
+        self.draining.last().map_or(1, |c| c.members().len()).max(1)
+    }
+
+    /// The round's update is applied: on to the next round.
+    fn end_round(&mut self, now: Time) {
+        self.round += 1;
+        self.rounds_done += 1;
+        self.phase = Phase::Training;
+        self.announce(now);
+        if self.finishing {
+            self.maybe_finish();
+        }
+    }
+
+    fn on_parcel(&mut self, now: Time, from: P, parcel: Parcel<P>) -> Result<(), EngineError> {
+        if let Some(group) = group_of(&parcel) {
+            if let Some(mut collective) = self.collective.take() {
+                if collective.group_id() == group {
+                    self.feed_chunk(now, &mut collective, from, parcel);
+                    self.collective = Some(collective);
+                    return self.after_round_input(now);
+                }
+                self.collective = Some(collective);
+            }
+            if self.draining.iter().any(|c| c.group_id() == group) {
+                self.recycle(parcel.into_payload());
+                return Ok(());
+            }
+            if let Some(old) = self.early.keep(now, group, from, parcel) {
+                self.recycle(old.into_payload());
+            }
+            return Ok(());
+        }
+        let input = match &parcel {
+            Parcel::JoinGroup(j) => Some(MatchInput::JoinRequest {
+                from,
+                request: JoinRequest {
+                    round: j.round,
+                    deadline: self.time_of_wall(j.deadline_ms),
+                    bandwidth_bytes_per_s: j.bandwidth_bytes_per_s,
+                    accepts_connections: j.accepts_connections,
+                    samples: j.samples,
+                },
+            }),
+            Parcel::GroupReject(r) => Some(MatchInput::Rejected {
+                from,
+                round: r.round,
+                reason: r.reason,
+            }),
+            Parcel::GroupBegin {
+                round,
+                group_id,
+                members,
+            } => {
+                let sizes = members.iter().map(|&(_, size)| size as usize);
+                let group = Partition::from_sizes(sizes)
+                    .ok()
+                    .filter(|p| p.len() == self.len)
+                    .and_then(|partition| {
+                        let peers = members.iter().map(|&(p, _)| p).collect();
+                        Group::new(*round, *group_id, peers, partition).ok()
+                    });
+                match group {
+                    Some(group) => Some(MatchInput::GroupBegan { from, group }),
+                    None => {
+                        self.outputs
+                            .push_back(EngineOutput::Event(EngineEvent::BadParcel {
+                                from,
+                                reason: "a group start that does not fit the model".to_owned(),
+                            }));
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        self.recycle(parcel.into_payload());
+        match input {
+            Some(input) => self.match_input(now, input),
+            None => Ok(()),
+        }
+    }
+
+    fn on_member(&mut self, now: Time, event: MemberEvent<P>) -> Result<(), EngineError> {
+        if let MemberEvent::Heartbeat(peer, beat) = event {
+            let input = match beat.looking {
+                Some(looking) => MatchInput::PeerLooking {
+                    peer,
+                    round: looking.round,
+                    deadline: looking.until,
+                },
+                None => MatchInput::PeerNotLooking(peer),
+            };
+            self.match_input(now, input)?;
+        }
+        if let Some(Change::Left(peer)) = self.membership.note(now, event) {
+            self.lost(now, peer)?;
+        }
+        // Heartbeats move the swarm's samples: the round may be due now.
+        self.maybe_ready(now)
+    }
+
+    fn lost(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
+        self.outputs
+            .push_back(EngineOutput::Event(EngineEvent::PeerGone {
+                peer,
+                remaining: self.membership.len(),
+            }));
+        // A smaller swarm needs a smaller group: a leader holding every member left begins.
+        let target = self.settings.butterfly.target_group;
+        self.matchmaker
+            .set_target_group(target.min(self.membership.len() + 1));
+        self.match_input(now, MatchInput::PeerNotLooking(peer))?;
+        if let Some(collective) = &mut self.collective {
+            collective.member_lost(now, peer)?;
+        }
+        for collective in &mut self.draining {
+            collective.member_lost(now, peer)?;
+        }
+        self.after_round_input(now)
+    }
+
+    fn on_tick(&mut self, now: Time) -> Result<(), EngineError> {
+        if self.membership.beat_due(now) {
+            let beat = self.beat();
+            self.membership.set_own(beat);
+            self.outputs.push_back(EngineOutput::Heartbeat(beat));
+        }
+        let mut silent = std::mem::take(&mut self.silent);
+        self.membership.silent(now, &mut silent);
+        for peer in silent.drain(..) {
+            self.outputs.push_back(EngineOutput::Disconnect(peer));
+            self.lost(now, peer)?;
+        }
+        self.silent = silent;
+        self.match_input(now, MatchInput::Tick)?;
+        if let Some(collective) = &mut self.collective {
+            collective.tick(now)?;
+        }
+        for collective in &mut self.draining {
+            collective.tick(now)?;
+        }
+        let max_age = self.early_max_age();
+        let outputs = &mut self.outputs;
+        let spares = &mut self.spares;
+        self.early.expire(now, max_age, &mut |p: Parcel<P>| {
+            spares.give(p.into_payload(), |b| {
+                outputs.push_back(EngineOutput::Recycle(b));
+            });
+        });
+        self.after_round_input(now)?;
+        self.maybe_ready(now)
+    }
+
+    /// How long a chunk may wait for its group: matchmaking and a round at most.
+    fn early_max_age(&self) -> Duration {
+        let b = &self.settings.butterfly;
+        b.max_wait() + b.reducer_timeout()
+    }
+
+    fn recycle(&mut self, buf: Vec<u8>) {
+        let outputs = &mut self.outputs;
+        self.spares
+            .give(buf, |b| outputs.push_back(EngineOutput::Recycle(b)));
+    }
+
+    fn on_sent(&mut self, now: Time, tag: u64, parcel: Parcel<P>) -> Result<(), EngineError> {
+        self.recycle(parcel.into_payload());
+        if let Some(collective) = self.collective.as_mut().filter(|c| c.owns(tag)) {
+            collective.sent(now, tag)?;
+        } else if let Some(collective) = self.draining.iter_mut().find(|c| c.owns(tag)) {
+            collective.sent(now, tag)?;
+        }
+        self.after_round_input(now)?;
+        if self.finished && !self.departed && self.draining.is_empty() {
+            self.departed = true;
+            self.outputs.push_back(EngineOutput::Departed);
+        }
+        Ok(())
+    }
+
+    /// Emits the final parameters once no work and no round is in flight.
+    fn maybe_finish(&mut self) {
+        if self.finished
+            || self.working.is_some()
+            || !matches!(self.phase, Phase::Training)
+            || self.collective.is_some()
+        {
+            return;
+        }
+        // Local SGD ends on its anchor, the swarm's last average: the local steps since
+        // moved this peer towards its own data alone.
+        let params = match (&self.outer, &self.params) {
+            (Some(outer), Some(_)) if self.rounds_done > 0 => outer.anchor().to_vec(),
+            (_, Some(params)) => params.clone(),
+            (_, None) => return,
+        };
+        self.finished = true;
+        self.outputs.push_back(EngineOutput::Finished(params));
+        if self.draining.is_empty() {
+            self.departed = true;
+            self.outputs.push_back(EngineOutput::Departed);
+        }
+    }
+}
+
+impl<P: PeerKey> Engine<P> for RoundEngine<P> {
+    fn handle(&mut self, now: Time, input: EngineInput<P>) -> Result<(), EngineError> {
+        self.now = now;
+        match input {
+            EngineInput::WorkDone(done) => self.on_work_done(now, done)?,
+            EngineInput::Parcel { from, parcel } => self.on_parcel(now, from, parcel)?,
+            EngineInput::Sent { tag, parcel, .. } => self.on_sent(now, tag, parcel)?,
+            EngineInput::Member(event) => self.on_member(now, event)?,
+            EngineInput::Tick => self.on_tick(now)?,
+            EngineInput::Finish => self.finishing = true,
+        }
+        if self.finishing {
+            self.maybe_finish();
+        }
+        Ok(())
+    }
+
+    fn poll_output(&mut self) -> Option<EngineOutput<P>> {
+        self.outputs.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let mut next = Some(self.membership.poll_timeout());
+        let mut consider = |t: Option<Time>| {
+            if let Some(t) = t {
+                next = Some(next.map_or(t, |n: Time| n.min(t)));
+            }
+        };
+        consider(self.matchmaker.poll_timeout());
+        consider(self.collective.as_ref().and_then(Collective::poll_timeout));
+        for collective in &self.draining {
+            consider(collective.poll_timeout());
+        }
+        consider(self.early.next_expiry(self.early_max_age()));
+        next
+    }
+
+    fn membership(&self) -> &Membership<P> {
+        &self.membership
+    }
+
+    fn set_measured_upload(&mut self, bytes_per_s: u64) {
+        self.upload_measured = bytes_per_s;
+    }
+
+    fn status(&self) -> EngineStatus {
+        EngineStatus {
+            step: self.round,
+            peers: self.membership.len(),
+            push_sum_weight: None,
+            shares_sent: 0,
+            shares_received: 0,
+            rounds: self.rounds_done,
+        }
+    }
+}

@@ -1,0 +1,426 @@
+//! The engine of `averaging.mode = "sgp"`: Stochastic Gradient Push ([`crate::sgp`]) with
+//! the trainer in the loop.
+//!
+//! A step runs on the trainer at the de-biased parameters `z = x / w`. Its update `Δz`
+//! comes back and is added to the numerator as `w·Δz`, so that `z` moves by exactly the
+//! optimizer's step even when shares arrived (and changed `w`) while the step computed.
+//! Shares go out as parcels whose send reports confirm them or hand their mass back;
+//! shares that arrive are folded in at once.
+
+use std::collections::{HashMap, VecDeque};
+
+use murmur_protocol::message::ShareRefused;
+
+use crate::parcel::Parcel;
+use crate::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use crate::{PeerKey, Time};
+
+use super::membership::{Beat, Change, MemberEvent, Membership};
+use super::{
+    Engine, EngineError, EngineEvent, EngineInput, EngineOutput, EngineStatus, RefusalFate, Work,
+    WorkDone,
+};
+
+/// The tag of refusal notices; shares are tagged with their sequence numbers, which never
+/// reach it.
+const REFUSAL_TAG: u64 = u64::MAX;
+
+/// The SGP engine. See the [module docs](self).
+#[derive(Debug)]
+pub struct SgpEngine<P> {
+    machine: SgpPeer<P>,
+    membership: Membership<P>,
+    len: usize,
+    /// `z = x / w`; with the trainer during a step (empty meanwhile).
+    z: Vec<f32>,
+    z_before: Vec<f32>,
+    /// Steps taken before this run (a resumed or joining peer's schedule goes on from it).
+    step_offset: u64,
+    batch_size: u64,
+    /// A step the machine allowed while the engine was finishing.
+    working: bool,
+    finishing: bool,
+    finished: bool,
+    departed: bool,
+    /// When each share was sent, by sequence number.
+    sent_at: HashMap<u64, Time>,
+    outputs: VecDeque<EngineOutput<P>>,
+    silent: Vec<P>,
+}
+
+impl<P: PeerKey> SgpEngine<P> {
+    /// The engine of `membership.me()`: a founder holding `params`, or a joiner (`None`)
+    /// that starts with no mass and trains once the first share arrives. `step_offset`
+    /// local steps were taken before; `batch_size` samples make one local step.
+    pub fn new(
+        membership: Membership<P>,
+        params: Option<Vec<f32>>,
+        len: usize,
+        step_offset: u64,
+        batch_size: u64,
+        config: SgpConfig,
+    ) -> Result<SgpEngine<P>, EngineError> {
+        let me = membership.me();
+        let members: Vec<P> = membership.peers().collect();
+        let machine = match params {
+            Some(params) => SgpPeer::new(me, members, params, config)?,
+            None => SgpPeer::joining(me, members, len, config)?,
+        };
+        let mut engine = SgpEngine {
+            machine,
+            membership,
+            len,
+            z: vec![0.0; len],
+            z_before: vec![0.0; len],
+            step_offset,
+            batch_size,
+            working: false,
+            finishing: false,
+            finished: false,
+            departed: false,
+            sent_at: HashMap::new(),
+            outputs: VecDeque::new(),
+            silent: Vec::new(),
+        };
+        engine.drain(Time::ZERO)?;
+        Ok(engine)
+    }
+
+    /// The SGP state machine, for tests and metrics.
+    pub fn machine(&self) -> &SgpPeer<P> {
+        &self.machine
+    }
+
+    fn beat(&self) -> Beat {
+        Beat {
+            step: self.step_offset + self.machine.steps_done(),
+            ..self.membership.own()
+        }
+    }
+
+    /// Acts on every output the machine has queued.
+    fn drain(&mut self, now: Time) -> Result<(), EngineError> {
+        while let Some(output) = self.machine.poll_output() {
+            match output {
+                SgpOutput::SendShare {
+                    to,
+                    header,
+                    payload,
+                } => {
+                    let Ok(elements) = u32::try_from(self.len) else {
+                        return Err(EngineError::LengthMismatch {
+                            expected: u32::MAX as usize,
+                            got: self.len,
+                        });
+                    };
+                    self.sent_at.insert(header.seq, now);
+                    let parcel = Parcel::Share(header.to_wire(elements), payload);
+                    self.outputs.push_back(EngineOutput::Send {
+                        to,
+                        tag: header.seq,
+                        parcel,
+                    });
+                }
+                SgpOutput::StartStep { step } => {
+                    if !self.finishing {
+                        self.start_step(step)?;
+                    }
+                }
+                SgpOutput::Departed => {
+                    if !self.departed {
+                        self.departed = true;
+                        self.outputs.push_back(EngineOutput::Departed);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn start_step(&mut self, step: u64) -> Result<(), EngineError> {
+        self.machine.debiased_into(&mut self.z)?;
+        self.z_before.copy_from_slice(&self.z);
+        let peers = self.membership.len() as u64 + 1;
+        self.working = true;
+        self.outputs.push_back(EngineOutput::Work(Work::Step {
+            params: std::mem::take(&mut self.z),
+            step: self.step_offset + step,
+            swarm_batch: self.batch_size * peers,
+        }));
+        Ok(())
+    }
+
+    fn on_work_done(&mut self, now: Time, done: WorkDone) -> Result<(), EngineError> {
+        let WorkDone::Stepped { params, .. } = done else {
+            return Err(EngineError::UnexpectedWork {
+                expected: "step",
+                got: done.kind(),
+            });
+        };
+        if params.len() != self.len {
+            return Err(EngineError::LengthMismatch {
+                expected: self.len,
+                got: params.len(),
+            });
+        }
+        self.working = false;
+        self.z = params;
+        let weight = self.machine.state().weight() as f32;
+        if let Some(x) = self.machine.numerator_mut() {
+            for ((x, &after), &before) in x.iter_mut().zip(&self.z).zip(&self.z_before) {
+                *x += weight * (after - before);
+            }
+        }
+        self.machine.handle(now, SgpInput::LocalStepDone)?;
+        let beat = self.beat();
+        self.membership.set_own(beat);
+        Ok(())
+    }
+
+    /// Once no step is in flight: the final parameters, then the hand-off.
+    fn maybe_leave(&mut self, now: Time) -> Result<(), EngineError> {
+        if !self.finishing || self.finished || self.working {
+            return Ok(());
+        }
+        self.finished = true;
+        self.machine.debiased_into(&mut self.z)?;
+        self.outputs
+            .push_back(EngineOutput::Finished(std::mem::take(&mut self.z)));
+        self.machine.handle(now, SgpInput::Leave)?;
+        Ok(())
+    }
+
+    fn on_parcel(&mut self, now: Time, from: P, parcel: Parcel<P>) -> Result<(), EngineError> {
+        match parcel {
+            Parcel::Share(share, payload) => {
+                if share.chunk_count != 1 || share.elements as usize != self.len {
+                    self.bad(from, "a share of the wrong shape".to_owned());
+                } else {
+                    let header = ShareHeader::from_wire(&share, 0);
+                    if header.reference.is_none() && share.weight > 0.0 {
+                        self.drift_against(&payload, share.weight);
+                    }
+                    let input = SgpInput::ShareReceived {
+                        from,
+                        header,
+                        payload: &payload,
+                    };
+                    if let Err(e) = self.machine.handle(now, input) {
+                        self.refuse(from, share.step, &e);
+                    }
+                }
+                self.machine.recycle(payload);
+            }
+            Parcel::ShareRefused(refused) => {
+                let input = SgpInput::ShareRefused {
+                    by: from,
+                    step: refused.step,
+                };
+                let fate = match self.machine.handle(now, input) {
+                    Ok(()) => RefusalFate::TakenBack,
+                    Err(_) => RefusalFate::Lost,
+                };
+                self.event(EngineEvent::Refusal { peer: from, fate });
+            }
+            other => {
+                // Chunks and group messages belong to the other modes.
+                self.machine.recycle(other.into_payload());
+            }
+        }
+        Ok(())
+    }
+
+    /// A share the machine would not take: logged, and its sender told when it can take
+    /// the share back (a quantized share built on a reference this peer does not hold: it
+    /// restarted since, or dropped that edge). The sender then takes the mass back and
+    /// sends exactly next time, instead of losing half its mass on every share until the
+    /// membership layer notices the restart.
+    fn refuse(&mut self, from: P, step: u64, error: &SgpError) {
+        self.bad(from, format!("share refused: {error}"));
+        let &SgpError::StaleReference {
+            version: reference_step,
+        } = error
+        else {
+            return;
+        };
+        self.event(EngineEvent::Refusal {
+            peer: from,
+            fate: RefusalFate::Refused,
+        });
+        self.outputs.push_back(EngineOutput::Send {
+            to: from,
+            tag: REFUSAL_TAG,
+            parcel: Parcel::ShareRefused(ShareRefused {
+                step,
+                reference_step,
+            }),
+        });
+    }
+
+    /// Reports the relative distance between this peer's `z = x / w` and an exact (`f32`)
+    /// share's `share / weight`. Quantized shares carry a deviation from a reference
+    /// instead, and are not used.
+    fn drift_against(&mut self, payload: &[u8], weight: f64) {
+        let state = self.machine.state();
+        if state.weight() <= 0.0 || payload.len() != state.numerator().len() * 4 {
+            return;
+        }
+        let (mine, theirs) = (1.0 / state.weight(), 1.0 / weight);
+        let (mut diff, mut norm) = (0f64, 0f64);
+        for (&x, bytes) in state.numerator().iter().zip(payload.chunks_exact(4)) {
+            let other =
+                f64::from(f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])) * theirs;
+            diff += (f64::from(x) * mine - other).powi(2);
+            norm += other * other;
+        }
+        if norm > 0.0 {
+            self.event(EngineEvent::Drift((diff / norm).sqrt()));
+        }
+    }
+
+    fn on_sent(
+        &mut self,
+        now: Time,
+        to: P,
+        tag: u64,
+        delivered: bool,
+        parcel: Parcel<P>,
+    ) -> Result<(), EngineError> {
+        let Parcel::Share(share, payload) = parcel else {
+            self.machine.recycle(parcel.into_payload());
+            return Ok(());
+        };
+        let took = self
+            .sent_at
+            .remove(&tag)
+            .map_or(std::time::Duration::ZERO, |at| now.saturating_since(at));
+        self.event(EngineEvent::Share {
+            to,
+            delivered,
+            took,
+        });
+        if delivered {
+            self.machine
+                .handle(now, SgpInput::ShareDelivered { to, seq: tag })?;
+        } else {
+            let header = ShareHeader::from_wire(&share, tag);
+            let taken_back = self.machine.handle(
+                now,
+                SgpInput::ShareReturned {
+                    to,
+                    header,
+                    payload: &payload,
+                    // A failed stream is not a departed peer: the membership says when its
+                    // last connection closes.
+                    receiver_gone: !self.membership.contains(&to),
+                },
+            );
+            // A quantized share whose edge was forgotten meanwhile (its receiver was given
+            // up as crashed) cannot be taken back: its mass is lost, as the mass in flight
+            // to any crashed peer is, and training goes on.
+            if taken_back.is_err() {
+                self.event(EngineEvent::Refusal {
+                    peer: to,
+                    fate: RefusalFate::Lost,
+                });
+            }
+        }
+        self.machine.recycle(payload);
+        Ok(())
+    }
+
+    fn on_member(&mut self, now: Time, event: MemberEvent<P>) -> Result<(), EngineError> {
+        match self.membership.note(now, event) {
+            Some(Change::Joined(peer)) => self.machine.handle(now, SgpInput::PeerJoined(peer))?,
+            Some(Change::Left(peer)) => self.crashed(now, peer)?,
+            None => {}
+        }
+        Ok(())
+    }
+
+    fn crashed(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
+        self.event(EngineEvent::PeerGone {
+            peer,
+            remaining: self.membership.len(),
+        });
+        self.machine.handle(now, SgpInput::PeerCrashed(peer))?;
+        Ok(())
+    }
+
+    fn on_tick(&mut self, now: Time) -> Result<(), EngineError> {
+        if self.membership.beat_due(now) {
+            let beat = self.beat();
+            self.membership.set_own(beat);
+            self.outputs.push_back(EngineOutput::Heartbeat(beat));
+        }
+        let mut silent = std::mem::take(&mut self.silent);
+        self.membership.silent(now, &mut silent);
+        for peer in silent.drain(..) {
+            self.outputs.push_back(EngineOutput::Disconnect(peer));
+            // Its mass in flight is lost, as with a crash the network sees.
+            self.crashed(now, peer)?;
+        }
+        self.silent = silent;
+        if self.machine.poll_timeout().is_some_and(|t| t <= now) {
+            self.machine.handle(now, SgpInput::Tick)?;
+        }
+        Ok(())
+    }
+
+    fn bad(&mut self, from: P, reason: String) {
+        self.event(EngineEvent::BadParcel { from, reason });
+    }
+
+    fn event(&mut self, event: EngineEvent<P>) {
+        self.outputs.push_back(EngineOutput::Event(event));
+    }
+}
+
+impl<P: PeerKey> Engine<P> for SgpEngine<P> {
+    fn handle(&mut self, now: Time, input: EngineInput<P>) -> Result<(), EngineError> {
+        match input {
+            EngineInput::WorkDone(done) => self.on_work_done(now, done)?,
+            EngineInput::Parcel { from, parcel } => self.on_parcel(now, from, parcel)?,
+            EngineInput::Sent {
+                to,
+                tag,
+                delivered,
+                parcel,
+            } => self.on_sent(now, to, tag, delivered, parcel)?,
+            EngineInput::Member(event) => self.on_member(now, event)?,
+            EngineInput::Tick => self.on_tick(now)?,
+            EngineInput::Finish => self.finishing = true,
+        }
+        self.maybe_leave(now)?;
+        self.drain(now)
+    }
+
+    fn poll_output(&mut self) -> Option<EngineOutput<P>> {
+        self.outputs.pop_front()
+    }
+
+    fn poll_timeout(&self) -> Option<Time> {
+        let membership = self.membership.poll_timeout();
+        Some(
+            self.machine
+                .poll_timeout()
+                .map_or(membership, |t| t.min(membership)),
+        )
+    }
+
+    fn membership(&self) -> &Membership<P> {
+        &self.membership
+    }
+
+    fn status(&self) -> EngineStatus {
+        let stats = self.machine.stats();
+        EngineStatus {
+            step: self.step_offset + self.machine.steps_done(),
+            peers: self.membership.len(),
+            push_sum_weight: Some(self.machine.state().weight()),
+            shares_sent: stats.shares_sent,
+            shares_received: stats.shares_received,
+            rounds: stats.shares_sent,
+        }
+    }
+}

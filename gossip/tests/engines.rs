@@ -1,0 +1,228 @@
+//! The daemon's averaging engines in the simulator ([`EngineSwarm`]): every mode trains the
+//! quadratic workload to its optimum, groups form by matchmaking and respect their bounds,
+//! parts are sized by bandwidth, and a crash mid-round leaves the survivors averaging
+//! together.
+
+use std::time::Duration;
+
+use murmur_gossip::Time;
+use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::engine::{EngineSetup, LocalSgdSettings, ModeSettings};
+use murmur_gossip::sgp::SgpConfig;
+use murmur_gossip::sim::{ChurnEvent, EngineSwarm, EngineSwarmConfig, Scenario, Workload};
+use murmur_protocol::codec::CodecSpec;
+
+const LEN: usize = 4096;
+
+fn butterfly_config(target_group: usize) -> ButterflyConfig {
+    ButterflyConfig {
+        min_group: 2,
+        target_group,
+        max_wait_ms: 1000,
+        begin_margin_ms: 200,
+        chunk_elements: 512,
+        chunks_in_flight: 4,
+        chunk_timeout_ms: 1000,
+        reducer_timeout_ms: 1500,
+        ..ButterflyConfig::default()
+    }
+}
+
+fn scenario(peers: usize, seed: u64) -> Scenario {
+    let mut scenario = Scenario::new(peers, LEN, 100);
+    scenario.seed = seed;
+    scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
+    scenario.link.latency_ms = 1.0;
+    scenario.link.uplink_mbps = Some(1000.0);
+    scenario.link.downlink_mbps = Some(1000.0);
+    scenario.link.detect_ms = 300.0;
+    scenario.compute.step_ms = 50.0;
+    scenario
+}
+
+fn config(mode: ModeSettings, codec: CodecSpec) -> EngineSwarmConfig {
+    EngineSwarmConfig {
+        mode,
+        setup: EngineSetup {
+            codec,
+            error_feedback: true,
+            overlap: true,
+            size_parts_by_bandwidth: true,
+            batch_size: 32,
+            upload_cap: 0,
+            accepts_connections: true,
+            wall_ms_at_zero: 0,
+            seed: 7,
+        },
+        heartbeat_ms: 200,
+        gossip_ms: 5.0,
+        upload_caps: Vec::new(),
+    }
+}
+
+/// `‖x − x*‖ / ‖x*‖`.
+fn error(x: &[f32], optimum: &[f32]) -> f64 {
+    let norm: f64 = optimum.iter().map(|&o| f64::from(o).powi(2)).sum::<f64>();
+    let diff: f64 = x
+        .iter()
+        .zip(optimum)
+        .map(|(&x, &o)| (f64::from(x) - f64::from(o)).powi(2))
+        .sum();
+    (diff / norm).sqrt()
+}
+
+/// The error of every live peer against the live peers' optimum, the worst of them.
+fn worst_error(swarm: &EngineSwarm, peers: u32) -> f64 {
+    let optimum = swarm.optimum();
+    (0..peers)
+        .filter_map(|id| swarm.parameters(id))
+        .map(|p| error(p, &optimum))
+        .fold(0.0, f64::max)
+}
+
+/// The control: where the peers would end training alone, each at its own optimum; the
+/// best of them. Averaging must end well below it.
+fn solo_error(swarm: &EngineSwarm, peers: u32) -> f64 {
+    let optimum = swarm.optimum();
+    (0..peers)
+        .map(|id| error(swarm.target(id), &optimum))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Asks every peer to finish and lets them hand over their final parameters.
+fn finish_all(swarm: &mut EngineSwarm, peers: u32) {
+    for id in 0..peers {
+        swarm.finish(id).expect("finish");
+    }
+    let end = swarm.now().as_secs_f64() + 5.0;
+    run(swarm, end);
+}
+
+fn run(swarm: &mut EngineSwarm, secs: f64) {
+    swarm
+        .run_until(Time::from_secs_f64(secs))
+        .expect("the swarm runs");
+}
+
+#[test]
+fn butterfly_trains_every_peer_to_the_swarm_optimum() {
+    let mode = ModeSettings::Butterfly {
+        target_batch: 4 * 32,
+        butterfly: butterfly_config(16),
+    };
+    let mut swarm = EngineSwarm::new(&scenario(4, 1), config(mode, CodecSpec::F32)).unwrap();
+    run(&mut swarm, 20.0);
+    finish_all(&mut swarm, 4);
+    let (after, solo) = (worst_error(&swarm, 4), solo_error(&swarm, 4));
+    let reports = swarm.round_reports();
+    assert!(reports.len() >= 4 * 20, "{} round reports", reports.len());
+    assert!(
+        reports
+            .iter()
+            .all(|(_, r)| r.group_size == 4 && r.coverage >= 1.0),
+        "every round averages all four peers completely"
+    );
+    assert_eq!(swarm.rounds_alone(), 0);
+    assert!(
+        after < 0.01 * solo,
+        "error {after:.4}, alone {solo:.3}: the swarm did not reach its optimum"
+    );
+}
+
+#[test]
+fn sync_ring_and_local_sgd_train_to_the_optimum_too() {
+    let ring = ModeSettings::SyncRing {
+        timeout: Duration::from_secs(5),
+        butterfly: butterfly_config(16),
+    };
+    let local = ModeSettings::LocalSgd {
+        local: LocalSgdSettings {
+            local_steps: 4,
+            outer_lr: 0.7,
+            outer_momentum: 0.5,
+        },
+        butterfly: butterfly_config(16),
+    };
+    for (name, mode) in [("sync-ring", ring), ("local-sgd", local)] {
+        let mut swarm =
+            EngineSwarm::new(&scenario(4, 2), config(mode, CodecSpec::Int8 { block: 64 })).unwrap();
+        run(&mut swarm, 30.0);
+        finish_all(&mut swarm, 4);
+        let (after, solo) = (worst_error(&swarm, 4), solo_error(&swarm, 4));
+        assert!(
+            !swarm.round_reports().is_empty(),
+            "{name}: no round finished"
+        );
+        assert!(
+            after < 0.05 * solo,
+            "{name}: error {after:.4}, alone {solo:.3}"
+        );
+    }
+}
+
+#[test]
+fn sgp_trains_every_peer_to_the_swarm_optimum() {
+    let mode = ModeSettings::Sgp(SgpConfig::default());
+    let mut swarm =
+        EngineSwarm::new(&scenario(8, 3), config(mode, CodecSpec::Int8 { block: 64 })).unwrap();
+    run(&mut swarm, 30.0);
+    finish_all(&mut swarm, 8);
+    // Decentralized SGD at a constant rate keeps peers apart by O(rate × heterogeneity);
+    // what averaging must do is end far closer to the swarm's optimum than any peer alone.
+    let (after, solo) = (worst_error(&swarm, 8), solo_error(&swarm, 8));
+    assert!(after < 0.3 * solo, "error {after:.3}, alone {solo:.3}");
+}
+
+/// Sixteen peers with `target_group = 4` average in groups of at most four, and no peer
+/// waits for its group longer than `max_wait_ms`.
+#[test]
+fn groups_respect_the_target_size_and_the_matchmaking_bound() {
+    let mut butterfly = butterfly_config(4);
+    butterfly.max_wait_ms = 800;
+    let mode = ModeSettings::Butterfly {
+        target_batch: 16 * 32,
+        butterfly,
+    };
+    let mut swarm = EngineSwarm::new(&scenario(16, 4), config(mode, CodecSpec::F32)).unwrap();
+    run(&mut swarm, 20.0);
+    let reports = swarm.round_reports();
+    assert!(reports.len() >= 16 * 10, "{} round reports", reports.len());
+    assert!(reports.iter().all(|(_, r)| r.group_size <= 4));
+    assert!(
+        reports.iter().filter(|(_, r)| r.group_size == 4).count() * 2 > reports.len(),
+        "most groups reach the target size"
+    );
+    let bound = Duration::from_millis(801);
+    assert!(reports.iter().all(|(_, r)| r.matchmaking <= bound));
+}
+
+/// A peer that crashes leaves the others averaging together: every later round is one
+/// group of the three survivors, never a split.
+#[test]
+fn a_crash_leaves_the_survivors_in_one_group() {
+    let mut s = scenario(4, 5);
+    s.churn = vec![ChurnEvent::Crash {
+        at_ms: 2_010.0,
+        peer: 2,
+    }];
+    let mode = ModeSettings::Butterfly {
+        target_batch: 4 * 32,
+        butterfly: butterfly_config(16),
+    };
+    let mut swarm = EngineSwarm::new(&s, config(mode, CodecSpec::Int8 { block: 64 })).unwrap();
+    run(&mut swarm, 15.0);
+    let reports = swarm.round_reports();
+    let late: Vec<_> = reports
+        .iter()
+        .filter(|(_, r)| r.round >= 60)
+        .map(|(p, r)| (*p, r.round, r.group_size))
+        .collect();
+    assert!(!late.is_empty(), "rounds go on after the crash");
+    assert!(
+        late.iter().all(|&(_, _, size)| size == 3),
+        "after the crash every round is the three survivors: {late:?}"
+    );
+    finish_all(&mut swarm, 4);
+    let (after, solo) = (worst_error(&swarm, 4), solo_error(&swarm, 4));
+    assert!(after < 0.05 * solo, "error {after:.4}, alone {solo:.3}");
+}

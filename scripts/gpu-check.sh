@@ -1,0 +1,358 @@
+#!/usr/bin/env bash
+# Runs every GPU test and the GPU benchmarks on a GPU host, from the binaries that
+# scripts/gpu-build.sh made on another machine, and prints one summary. The host needs the
+# NVIDIA driver (CUDA 13: driver 580 or newer) and the CUDA 13 libraries (cuBLAS, cuBLASLt,
+# cuRAND, cudart, NVRTC) from a system toolkit or NVIDIA's pip wheels; no Rust, no network.
+#
+#   scripts/gpu-build.sh                         # on the build machine
+#   # copy the repository and target/gpu-check/bundle to the GPU host, then there:
+#   bash scripts/gpu-check.sh [BUNDLE]           # default target/gpu-check/bundle
+#
+# What runs (each bounded by `timeout`; under a minute on an H100 host):
+#   gpu-tests       murmur-gpu's tests, ignored GPU tests included, with MURMUR_REQUIRE_GPU=1
+#                   and MURMUR_REQUIRE_NVRTC=1 so that none can fall back or skip
+#   trainer-device  the `cuda` build's GPU-against-CPU loss and gradient test (GPT and MLP)
+#   bench-codecs    `murmur bench codecs --device cuda`: the int8 row in the summary
+#   tokens/s        `murmur bench train` on GPU 0 and on one CPU core, same model
+#   run-cuda        `murmur run` with training.device = "cuda": the ready log line, /status
+#                   and /metrics say cuda:0, it trains, and it stops cleanly on SIGINT
+#   run-auto        training.device = "auto" takes cuda:0
+#   run-bad-gpu     training.device = "cuda:63" (no such GPU) exits 2 naming the key
+#
+# Environment:
+#   MURMUR_GPU_CHECK_LOGS  where each step's full output goes (default: target/gpu-check/logs)
+#   CUDA_LIB_DIRS          extra folders (colon-separated) to search for the CUDA libraries
+set -uo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+bundle="$(cd "${1:-$repo/target/gpu-check/bundle}" && pwd)" || {
+  echo "gpu-check: no bundle at ${1:-$repo/target/gpu-check/bundle}; run scripts/gpu-build.sh" >&2
+  exit 1
+}
+logs="${MURMUR_GPU_CHECK_LOGS:-$repo/target/gpu-check/logs}"
+mkdir -p "$logs"
+logs="$(cd "$logs" && pwd)"
+work="$(mktemp -d)"
+started=$SECONDS
+summary=()
+failed=0
+
+log() { echo "gpu-check: $*" >&2; }
+pass() { summary+=("PASS $*"); log "PASS $*"; }
+fail() {
+  summary+=("FAIL $*")
+  log "FAIL $*"
+  failed=$((failed + 1))
+}
+cleanup() {
+  local pid
+  for pid in $(jobs -p); do kill "$pid" 2>/dev/null; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# The bundle's executables are xz-compressed; unpack them with xz, or Python's lzma.
+bin="$work/bin"
+mkdir -p "$bin"
+for file in cargo-nextest.xz trainer-device.xz murmur.xz gpu-tests.tar.zst; do
+  if [[ ! -e "$bundle/$file" ]]; then
+    log "the bundle $bundle has no $file; run scripts/gpu-build.sh"
+    exit 1
+  fi
+done
+for name in cargo-nextest trainer-device murmur; do
+  if command -v xz >/dev/null; then
+    xz -dc "$bundle/$name.xz" >"$bin/$name"
+  else
+    python3 -c 'import lzma, shutil, sys
+with lzma.open(sys.argv[1]) as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst)' "$bundle/$name.xz" "$bin/$name"
+  fi || {
+    log "cannot unpack $bundle/$name.xz (needs xz or python3)"
+    exit 1
+  }
+  chmod +x "$bin/$name"
+done
+
+# --- the host ----------------------------------------------------------------------------------
+host="no nvidia-smi"
+if command -v nvidia-smi >/dev/null; then
+  host="$(nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader 2>&1 | head -n 1)"
+fi
+log "GPU: $host"
+
+# --- the CUDA libraries ------------------------------------------------------------------------
+# Folders that may hold them: the extra ones given, the system toolkits, and the lib folders
+# of NVIDIA's pip wheels in every Python environment found.
+candidate_dirs() {
+  local dir
+  if [[ -n "${CUDA_LIB_DIRS:-}" ]]; then tr ':' '\n' <<<"$CUDA_LIB_DIRS"; fi
+  for dir in "${CUDA_HOME:-}" "${CUDA_PATH:-}" /usr/local/cuda /usr/local/cuda-13* /opt/cuda; do
+    [[ -n "$dir" ]] || continue
+    echo "$dir/lib64"
+    echo "$dir/lib"
+    echo "$dir/targets/x86_64-linux/lib"
+    echo "$dir/targets/sbsa-linux/lib"
+  done
+  echo /usr/lib/x86_64-linux-gnu
+  echo /usr/lib/aarch64-linux-gnu
+  {
+    compgen -G "/opt/*/.venv/lib/python3*/site-packages/nvidia" || true
+    compgen -G "/opt/*/lib/python3*/site-packages/nvidia" || true
+    compgen -G "/usr/local/lib/python3*/dist-packages/nvidia" || true
+    compgen -G "/usr/local/lib/python3*/site-packages/nvidia" || true
+    compgen -G "/usr/lib/python3*/dist-packages/nvidia" || true
+    compgen -G "$HOME/.local/lib/python3*/site-packages/nvidia" || true
+    compgen -G "$repo/target/cuda-toolkit/nvidia" || true
+    if command -v python3 >/dev/null; then
+      python3 -c 'import site, sys; print("\n".join(site.getsitepackages() + [site.getusersitepackages()]))' 2>/dev/null |
+        sed 's|$|/nvidia|'
+    fi
+  } | while read -r nvidia; do
+    [[ -d "$nvidia" ]] || continue
+    for dir in "$nvidia"/*/lib; do echo "$dir"; done
+  done
+}
+declare -A found=()
+needed=(libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13)
+while read -r dir; do
+  [[ -d "$dir" ]] || continue
+  for lib in "${needed[@]}"; do
+    if [[ -z "${found[$lib]:-}" && -e "$dir/$lib" ]]; then found[$lib]="$dir"; fi
+  done
+done < <(candidate_dirs)
+missing=()
+lib_path=""
+for lib in "${needed[@]}"; do
+  if [[ -z "${found[$lib]:-}" ]]; then
+    missing+=("$lib")
+    continue
+  fi
+  log "$lib in ${found[$lib]}"
+  case ":$lib_path:" in
+    *":${found[$lib]}:"*) ;;
+    *) lib_path="${lib_path:+$lib_path:}${found[$lib]}" ;;
+  esac
+done
+# The default build loads NVRTC at run time under the names cudarc 0.19 knows (libnvrtc.so,
+# libnvrtc.so.12, ...); a CUDA 13 host has libnvrtc.so.13, so offer it as libnvrtc.so.
+mkdir -p "$work/lib"
+if [[ -n "${found[libnvrtc.so.13]:-}" ]]; then
+  ln -s "${found[libnvrtc.so.13]}/libnvrtc.so.13" "$work/lib/libnvrtc.so"
+fi
+export LD_LIBRARY_PATH="$work/lib${lib_path:+:$lib_path}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ((${#missing[@]} > 0)); then
+  log "not found: ${missing[*]} (set CUDA_LIB_DIRS to the folders holding them)"
+fi
+
+export MURMUR_REQUIRE_GPU=1 MURMUR_REQUIRE_NVRTC=1
+unset RUST_LOG MURMUR_FAULT
+
+# --- gpu-tests: murmur-gpu's tests from the nextest archive -------------------------------------
+out="$logs/gpu-tests.log"
+mkdir -p "$work/archive"
+timeout 300 "$bin/cargo-nextest" nextest run --archive-file "$bundle/gpu-tests.tar.zst" \
+  --workspace-remap "$repo" --extract-to "$work/archive" --run-ignored all --no-fail-fast \
+  --color never >"$out" 2>&1
+status=$?
+# nextest's last summary line: "Summary [ 12.3s] 39 tests run: 39 passed, 0 skipped"
+line="$(grep -E '^ *Summary ' "$out" | tail -n 1)"
+run="$(sed -nE 's/.* ([0-9]+) tests? run: .*/\1/p' <<<"$line")"
+passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line")"
+if [[ $status -eq 0 && -n "$run" && "$run" == "$passed" ]]; then
+  pass "gpu-tests $passed/$run"
+else
+  fail "gpu-tests ${passed:-0}/${run:-?} (exit $status; $out)"
+fi
+
+# --- trainer-device: the cuda build's GPU == CPU test ------------------------------------------
+out="$logs/trainer-device.log"
+timeout 300 "$bin/trainer-device" --include-ignored --test-threads 1 >"$out" 2>&1
+status=$?
+line="$(grep -E '^test result:' "$out" | tail -n 1)"
+passed="$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line")"
+failed_tests="$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$line")"
+if [[ $status -eq 0 && -n "$passed" ]]; then
+  pass "trainer-device $passed/$((passed + failed_tests))"
+else
+  fail "trainer-device ${passed:-0}/$((${passed:-0} + ${failed_tests:-0})) (exit $status; $out)"
+fi
+
+# --- bench-codecs: the communication kernels on the device -------------------------------------
+out="$logs/bench-codecs.log"
+timeout 300 "$bin/murmur" bench codecs --device cuda >"$out" 2>&1
+status=$?
+# Columns: codec, enc GB/s, dec GB/s, cpy GB/s, enc/cpy, dec/cpy, B/elem.
+row="$(awk '$1 == "int8:64" { print "encode " $2 " GB/s (" $5 " of copy), decode-accumulate " $3 " GB/s (" $6 "), copy " $4 " GB/s" }' "$out")"
+if [[ $status -eq 0 && -n "$row" ]]; then
+  pass "bench-codecs int8:64 $row"
+else
+  fail "bench-codecs (exit $status; $out)"
+fi
+
+# --- tokens/s: one GPU peer against one CPU core, same model -----------------------------------
+# The value of the first "KEY": VALUE in JSON text, unquoted.
+json_field() {
+  grep -oE "\"$1\": *(\"[^\"]*\"|[^,}[:space:]]+)" <<<"$2" | head -n 1 | sed -E 's/^"[^"]*": *//; s/"//g'
+}
+model=(--layers 4 --width 512 --heads 8 --context 128 --batch 16)
+out="$logs/bench-train.log"
+gpu_json="$(timeout 200 "$bin/murmur" bench train --device cuda --steps 20 --json "${model[@]}" 2>>"$out")"
+gpu_status=$?
+cpu_json="$(timeout 200 "$bin/murmur" bench train --device cpu --threads 1 --steps 3 --json "${model[@]}" 2>>"$out")"
+cpu_status=$?
+printf '%s\n%s\n' "$gpu_json" "$cpu_json" >>"$out"
+gpu_rate="$(json_field tokens_per_s "$gpu_json")"
+cpu_rate="$(json_field tokens_per_s "$cpu_json")"
+if [[ $gpu_status -eq 0 && $cpu_status -eq 0 && -n "$gpu_rate" && -n "$cpu_rate" ]]; then
+  ratio="$(awk -v g="$gpu_rate" -v c="$cpu_rate" 'BEGIN { printf "%.1f", g / c }')"
+  params="$(json_field params "$gpu_json")"
+  pass "$(printf 'tokens/s gpu=%.0f cpu1=%.0f ratio=%sx (GPT 4 layers, width 512, context 128, batch 16, %s parameters; step %.1f ms vs %.1f ms)' \
+    "$gpu_rate" "$cpu_rate" "$ratio" "$params" "$(json_field step_ms "$gpu_json")" "$(json_field step_ms "$cpu_json")")"
+else
+  fail "tokens/s (exit gpu $gpu_status, cpu $cpu_status; $out)"
+fi
+
+# --- murmur run on the GPU -----------------------------------------------------------------------
+swarm="$work/swarm"
+authority="$("$bin/murmur" swarm new --dir "$swarm" --id gpu-check 2>>"$logs/run-setup.log" |
+  sed -nE 's/^authority: *//p')"
+
+# A peer folder with a key, an invite and a config training on `device`; prints its folder.
+make_peer() {
+  local name="$1" device="$2" dir="$swarm/$1" peer
+  peer="$("$bin/murmur" init --dir "$dir" 2>>"$logs/run-setup.log" | sed -nE 's/^peer id: *//p')"
+  "$bin/murmur" swarm invite "$peer" --authority-key "$swarm/authority.key" \
+    --swarm-config "$swarm/swarm.toml" --out "$dir/invite" >>"$logs/run-setup.log" 2>&1
+  cat >"$dir/murmur.toml" <<EOF
+[identity]
+key_file = "murmur.key"
+
+[swarm]
+id = "gpu-check"
+authority = "$authority"
+invite_file = "invite"
+
+[net]
+listen_addrs = ["/ip4/127.0.0.1/udp/0/quic-v1"]
+mdns = false
+
+[training]
+steps = 0
+eval_every_steps = 50
+device = "$device"
+
+[checkpoint]
+dir = "checkpoints"
+
+[metrics]
+listen = "127.0.0.1:0"
+
+[log]
+level = "info"
+format = "human"
+EOF
+  echo "$dir"
+}
+
+# Starts `murmur run --progress` in `dir` and waits (60 s at most) for its ready line: sets
+# peer_pid, and peer_addr to the metrics address (empty when the peer never got ready).
+start_peer() {
+  local dir="$1" waited=0
+  "$bin/murmur" run --config "$dir/murmur.toml" --progress >"$dir/progress.jsonl" 2>"$dir/murmur.log" &
+  peer_pid=$!
+  peer_addr=""
+  while ((waited < 600)); do
+    peer_addr="$(grep -m 1 '"event":"ready"' "$dir/progress.jsonl" 2>/dev/null |
+      grep -oE '"metrics_addr":"[^"]+"' | cut -d'"' -f4)"
+    if [[ -n "$peer_addr" ]] || ! kill -0 "$peer_pid" 2>/dev/null; then break; fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
+# GET `path` from `addr` (HOST:PORT) with bash's /dev/tcp, bounded.
+http_get() {
+  timeout 10 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}"; printf "GET %s HTTP/1.0\r\n\r\n" "$2" >&3; cat <&3' _ "$1" "$2"
+}
+
+# Stops the peer started last with SIGINT (30 s at most, then SIGKILL): sets peer_code to
+# its exit status, or to "killed".
+stop_peer() {
+  local waited=0
+  kill -INT "$peer_pid" 2>/dev/null
+  while kill -0 "$peer_pid" 2>/dev/null && ((waited < 300)); do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$peer_pid" 2>/dev/null; then
+    kill -KILL "$peer_pid" 2>/dev/null
+    wait "$peer_pid" 2>/dev/null
+    peer_code="killed"
+    return
+  fi
+  wait "$peer_pid"
+  peer_code=$?
+}
+
+if [[ -z "$authority" ]]; then
+  fail "run-cuda (murmur swarm new failed; $logs/run-setup.log)"
+else
+  # run-cuda: trains on cuda:0 and says so everywhere.
+  dir="$(make_peer cuda cuda)"
+  start_peer "$dir"
+  if [[ -z "$peer_addr" ]]; then
+    stop_peer
+    fail "run-cuda (no ready line, exit '$peer_code'; $logs/run-cuda.log)"
+  else
+    sleep 5
+    status_json="$(timeout 10 "$bin/murmur" status --addr "$peer_addr" --json 2>&1)"
+    metrics="$(http_get "$peer_addr" /metrics 2>&1)"
+    stop_peer
+    code="$peer_code"
+    device="$(json_field device "$status_json")"
+    step="$(json_field step "$status_json")"
+    ready="$(grep -m 1 -E ' ready .*device=' "$dir/murmur.log")"
+    if [[ "$device" == "cuda:0" && "${step:-0}" -gt 0 && "$ready" == *"device=cuda:0"* &&
+      "$metrics" == *'murmur_training_device_info{device="cuda:0"} 1'* && "$code" == 0 ]]; then
+      pass "run-cuda ready line, /status and /metrics say cuda:0; step $step after 5 s; clean exit on SIGINT"
+    else
+      fail "run-cuda (status device '${device}' step '${step}', exit '$code'; $logs/run-cuda.log)"
+    fi
+  fi
+  cp "$dir/murmur.log" "$logs/run-cuda.log" 2>/dev/null
+  { echo "--- /status"; echo "${status_json:-}"; echo "--- /metrics (murmur_training_*)"; grep '^murmur_training' <<<"${metrics:-}"; } >>"$logs/run-cuda.log"
+
+  # run-auto: `auto` takes the GPU when the build and host have one.
+  dir="$(make_peer auto auto)"
+  start_peer "$dir"
+  addr="$peer_addr"
+  stop_peer
+  code="$peer_code"
+  cp "$dir/murmur.log" "$logs/run-auto.log" 2>/dev/null
+  if [[ -n "$addr" && "$code" == 0 ]] && grep -qE ' ready .*device=cuda:0' "$dir/murmur.log" && ! grep -q 'training on the CPU' "$dir/murmur.log"; then
+    pass "run-auto training.device = \"auto\" took cuda:0"
+  else
+    fail "run-auto (exit '$code'; $logs/run-auto.log)"
+  fi
+
+  # run-bad-gpu: a GPU the host does not have is refused, exit 2, naming the key, in one
+  # line (even with RUST_BACKTRACE set, which makes candle attach a backtrace to its errors).
+  dir="$(make_peer bad cuda:63)"
+  RUST_BACKTRACE=1 timeout 60 "$bin/murmur" run --config "$dir/murmur.toml" >/dev/null 2>"$logs/run-bad-gpu.log"
+  code=$?
+  if [[ $code -eq 2 && "$(wc -l <"$logs/run-bad-gpu.log")" -eq 1 ]] &&
+    grep -q 'training.device = "cuda:63": cannot open CUDA GPU 63' "$logs/run-bad-gpu.log"; then
+    pass "run-bad-gpu exit 2: $(head -c 160 "$logs/run-bad-gpu.log" | tr -d '\n')…"
+  else
+    fail "run-bad-gpu (exit $code; $logs/run-bad-gpu.log)"
+  fi
+fi
+
+# --- summary -------------------------------------------------------------------------------------
+echo
+echo "== gpu-check: $host"
+printf '%s\n' "${summary[@]}"
+total=${#summary[@]}
+echo "RESULT $((total - failed))/$total checks passed in $((SECONDS - started)) s (logs: $logs)"
+((failed == 0))
