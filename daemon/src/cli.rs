@@ -309,9 +309,17 @@ pub(crate) struct AllreduceArgs {
     /// the survivors' rounds report what coverage they got.
     #[arg(long)]
     pub(crate) kill_peer: Option<usize>,
-    /// The round during which `--kill-peer` is killed (at least 1).
+    /// The round during which `--kill-peer` is killed (at least 1): as the first peer has
+    /// finished the round before it.
     #[arg(long, default_value_t = 1)]
     pub(crate) kill_at_round: u64,
+    /// Kill `--kill-peer` this many milliseconds after that moment instead (mid-round).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub(crate) kill_delay_ms: u64,
+    /// Butterfly and sync-ring: the largest group (`averaging.butterfly.target_group`).
+    /// Default: every peer.
+    #[arg(long, value_name = "N")]
+    pub(crate) target_group: Option<usize>,
     /// Where each peer runs: a TOML file of `[[peer]]` tables, each with a `launch` command
     /// prefix (such as `ip netns exec NAME`) and the `listen_ip` it listens on. Default:
     /// children of this process on loopback.

@@ -435,3 +435,78 @@ fn the_order_decides_who_asks_and_waiting_peers_answer_at_once() {
     assert!(outputs(&mut b).contains(&MatchOutput::Formed(group)));
     assert!(!a.is_looking() && !b.is_looking());
 }
+
+/// A follower whose leader is gone (crashed after the request) looks on at once: it asks
+/// the next earliest peer it knows, who begins with it, long before the dead leader's
+/// deadline. Without `PeerGone` it would wait for that deadline and then average alone.
+#[test]
+fn a_follower_leaves_a_gone_leader_at_once_and_asks_the_next() {
+    let config = ButterflyConfig {
+        min_group: 2,
+        target_group: 2,
+        ..config()
+    };
+    let profile = MemberProfile {
+        bandwidth_bytes_per_s: 1_000_000,
+        accepts_connections: true,
+        samples: 8,
+    };
+    let now = Time::ZERO;
+    let deadline = now + config.max_wait();
+    // Peer 1 (the earliest) will crash; peer 2 is next in the order; peer 3 asks.
+    let mut second = Matchmaker::new(2u32, 1000, config.clone()).expect("valid");
+    let mut third = Matchmaker::new(3u32, 1000, config).expect("valid");
+    for (me, others) in [(&mut second, [1u32, 3]), (&mut third, [1, 2])] {
+        for other in others {
+            me.handle(
+                now,
+                MatchInput::PeerLooking {
+                    peer: other,
+                    round: 1,
+                    deadline,
+                },
+            );
+        }
+        me.handle(
+            now,
+            MatchInput::Ready {
+                round: 1,
+                group_id: 7,
+                profile,
+            },
+        );
+    }
+    for me in [&mut second, &mut third] {
+        let out = outputs(me);
+        assert!(
+            out.iter()
+                .any(|o| matches!(o, MatchOutput::SendJoin { to: 1, .. })),
+            "peer {} asks the earliest peer first: {out:?}",
+            me.key()
+        );
+    }
+    assert_eq!(third.leader(), Some(1));
+
+    // Peer 1 is gone 300 ms later: both look on at once; peer 2 gathers, peer 3 asks it.
+    let later = now + Duration::from_millis(300);
+    second.handle(later, MatchInput::PeerGone(1));
+    let from_second = outputs(&mut second);
+    assert!(second.gathering_alone(), "peer 2 gathers: {from_second:?}");
+    third.handle(later, MatchInput::PeerGone(1));
+    let request = outputs(&mut third)
+        .into_iter()
+        .find_map(|o| match o {
+            MatchOutput::SendJoin { to: 2, request } => Some(request),
+            _ => None,
+        })
+        .expect("peer 3 asks the next earliest peer, not waiting for the dead one's deadline");
+    second.handle(later, MatchInput::JoinRequest { from: 3, request });
+    let group = outputs(&mut second)
+        .into_iter()
+        .find_map(|o| match o {
+            MatchOutput::Formed(group) => Some(group),
+            _ => None,
+        })
+        .expect("peer 2 begins with peer 3 at once");
+    assert_eq!(group.members(), &[2, 3]);
+}

@@ -54,6 +54,7 @@ fn swarm(peers: usize, config: ButterflyConfig) -> EngineSwarm {
         heartbeat_ms: 200,
         gossip_ms: 2.0,
         upload_caps: Vec::new(),
+        unreachable: Vec::new(),
     };
     EngineSwarm::new(&scenario, config).expect("a valid swarm")
 }

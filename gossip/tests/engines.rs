@@ -57,6 +57,7 @@ fn config(mode: ModeSettings, codec: CodecSpec) -> EngineSwarmConfig {
         heartbeat_ms: 200,
         gossip_ms: 5.0,
         upload_caps: Vec::new(),
+        unreachable: Vec::new(),
     }
 }
 
@@ -225,4 +226,82 @@ fn a_crash_leaves_the_survivors_in_one_group() {
     finish_all(&mut swarm, 4);
     let (after, solo) = (worst_error(&swarm, 4), solo_error(&swarm, 4));
     assert!(after < 0.05 * solo, "error {after:.4}, alone {solo:.3}");
+}
+
+/// The leader sizes parts by the bandwidth each member declares: with upload caps in the
+/// ratio 1 : 2 : 4 : 8 parts never shrink as bandwidth grows (members too slow to help
+/// reduce nothing, see `butterfly::partition`), the fastest reduces the most, and a member
+/// that accepts no connections reduces none.
+#[test]
+fn parts_follow_the_declared_bandwidth_and_unreachable_members_reduce_none() {
+    let mode = ModeSettings::Butterfly {
+        target_batch: 5 * 32,
+        butterfly: butterfly_config(16),
+    };
+    let mut config = config(mode, CodecSpec::F32);
+    config.upload_caps = vec![1_000_000, 2_000_000, 4_000_000, 8_000_000, 8_000_000];
+    config.unreachable = vec![4];
+    let mut swarm = EngineSwarm::new(&scenario(5, 6), config).unwrap();
+    run(&mut swarm, 5.0);
+    let reports = swarm.round_reports();
+    assert!(!reports.is_empty());
+    let part = |peer: u32| {
+        reports
+            .iter()
+            .filter(|(p, r)| *p == peer && r.group_size == 5)
+            .map(|(_, r)| r.part_elements)
+            .max()
+            .expect("a round of all five")
+    };
+    let parts: Vec<usize> = (0..5).map(part).collect();
+    assert_eq!(
+        parts[4], 0,
+        "the unreachable member reduces nothing: {parts:?}"
+    );
+    assert!(
+        parts[0] <= parts[1] && parts[1] <= parts[2] && parts[2] < parts[3],
+        "parts grow with bandwidth: {parts:?}"
+    );
+    assert_eq!(parts.iter().sum::<usize>(), LEN);
+}
+
+/// Crashes at many moments of the round cycle, each a pair: a peer whose leader waits for
+/// it (until the crash is noticed), then, within that wait, often the leader itself. No
+/// survivor waits out its `max_wait` and averages alone: a follower leaves a crashed leader
+/// as soon as the crash is noticed (`link.detect_ms`), and a peer left gathering at a
+/// round the others have moved past joins theirs.
+#[test]
+fn crashed_leaders_cost_no_survivor_a_round_alone() {
+    let mut alone = Vec::new();
+    for seed in 0..12u64 {
+        let mut s = scenario(8, seed);
+        let offset = seed as f64 * 37.0;
+        s.churn = [(1u32, 1_500.0), (0, 1_620.0), (3, 4_000.0), (2, 4_120.0)]
+            .into_iter()
+            .map(|(peer, at_ms)| ChurnEvent::Crash {
+                at_ms: at_ms + offset,
+                peer,
+            })
+            .collect();
+        let mode = ModeSettings::Butterfly {
+            target_batch: 8 * 32,
+            butterfly: butterfly_config(16),
+        };
+        let mut swarm = EngineSwarm::new(&s, config(mode, CodecSpec::Int8 { block: 64 })).unwrap();
+        run(&mut swarm, 8.0);
+        let survivors_rounds = swarm
+            .round_reports()
+            .iter()
+            .filter(|(p, r)| *p >= 4 && r.round > 5)
+            .count();
+        assert!(
+            survivors_rounds > 100,
+            "seed {seed}: {survivors_rounds} rounds"
+        );
+        alone.push(swarm.rounds_alone());
+    }
+    assert!(
+        alone.iter().all(|&a| a == 0),
+        "rounds alone per seed: {alone:?}"
+    );
 }

@@ -4,8 +4,12 @@
 //! averaging step encodes parts of that buffer for the wire (folding in the error-feedback
 //! residual), decode-accumulates the parts that arrive into a weighted sum, and mixes
 //! buffers with scales and weighted adds (push-sum in SGP, the reducer's mean in butterfly
-//! all-reduce). This crate provides those operations behind one trait, [`Backend`], so the
-//! averaging layers are written once and run wherever the data lives:
+//! all-reduce). This crate provides those operations behind one trait, [`Backend`], so that
+//! averaging can be written once and run wherever the data lives. Today `murmur bench
+//! codecs` and the tests run them; the averaging engines of `murmur_gossip::engine` still
+//! encode and decode on the host with `murmur_protocol::codec` and do not take a backend
+//! yet.
+//!
 //!
 //! - [`CpuBackend`] works on host vectors and calls the reference codecs in
 //!   `murmur_protocol::codec` directly; it is the reference for every other backend.

@@ -245,6 +245,9 @@ fn run_variant(
         out: None,
         hosts: hosts.clone(),
         synthetic_step_ms: 0,
+        error_feedback: true,
+        clip: None,
+        faults: Vec::new(),
     };
     let dir = SwarmDir::create(None, args.peers)?;
     match run_peers(args, hosts, tables, variant, &plan, &dir, stream_bps) {
@@ -341,14 +344,22 @@ impl ConfigTables {
                 "--quic-receive-window {window}: expected at least {MIN_QUIC_RECEIVE_WINDOW} bytes"
             )));
         }
-        let mut butterfly = ButterflyConfig::default();
+        let mut butterfly = ButterflyConfig {
+            // The peers' weights are 1 to N on purpose and the exact weighted mean is the
+            // reference: nothing is bounded.
+            max_weight_ratio: 0.0,
+            target_group: args.target_group.unwrap_or(args.peers),
+            ..ButterflyConfig::default()
+        };
         butterfly.chunk_timeout_ms = args.chunk_timeout_ms.unwrap_or(butterfly.chunk_timeout_ms);
         butterfly.reducer_timeout_ms = args
             .reducer_timeout_ms
             .unwrap_or(butterfly.reducer_timeout_ms);
-        butterfly
-            .validate()
-            .map_err(|e| BadInput(format!("--chunk-timeout-ms / --reducer-timeout-ms: {e}")))?;
+        butterfly.validate().map_err(|e| {
+            BadInput(format!(
+                "--chunk-timeout-ms / --reducer-timeout-ms / --target-group: {e}"
+            ))
+        })?;
         Ok(ConfigTables {
             max_frame_payload: MAX_FRAME_PAYLOAD,
             quic_receive_window: args.quic_receive_window,
@@ -423,6 +434,9 @@ fn collect(
     let mut rounds = vec![vec![None; args.peers]; args.rounds as usize];
     let mut done = vec![false; args.peers];
     let mut killed = false;
+    // When the victim is due to die: `--kill-delay-ms` after the first peer finished the
+    // round before the chosen one.
+    let mut kill_at: Option<Instant> = None;
     let mut discovery = vec![None; args.peers];
     let started = Instant::now();
     let overall = SILENCE_BOUND * 2 + Duration::from_secs(60) * args.rounds as u32;
@@ -430,8 +444,26 @@ fn collect(
         if started.elapsed() > overall {
             bail!("the benchmark ran past {overall:?}");
         }
-        let (index, line) = match rx.recv_timeout(SILENCE_BOUND) {
+        if let (Some(at), Some(victim)) = (kill_at, args.kill_peer)
+            && Instant::now() >= at
+            && !killed
+        {
+            if let Some(child) = children.0.get_mut(victim) {
+                child.kill().context("cannot kill the chosen peer")?;
+            }
+            killed = true;
+            done[victim] = true;
+            continue;
+        }
+        let wait = match kill_at.filter(|_| !killed) {
+            Some(at) => at
+                .saturating_duration_since(Instant::now())
+                .min(SILENCE_BOUND),
+            None => SILENCE_BOUND,
+        };
+        let (index, line) = match rx.recv_timeout(wait) {
             Ok(got) => got,
+            Err(_) if kill_at.is_some() && !killed => continue,
             Err(_) => bail!("no benchmark peer said anything for {SILENCE_BOUND:?}"),
         };
         let Ok(value) = serde_json::from_str::<Value>(&line) else {
@@ -440,15 +472,13 @@ fn collect(
         match value["event"].as_str() {
             Some("round") => {
                 let round = value["round"].as_u64().unwrap_or(u64::MAX) as usize;
-                // The victim dies as the first peer moves on to the chosen round.
-                if let Some(victim) = args.kill_peer
-                    && !killed
+                // The victim dies as the first peer moves on to the chosen round (and
+                // `--kill-delay-ms` later).
+                if args.kill_peer.is_some()
+                    && kill_at.is_none()
                     && round as u64 + 1 == args.kill_at_round
-                    && let Some(child) = children.0.get_mut(victim)
                 {
-                    child.kill().context("cannot kill the chosen peer")?;
-                    killed = true;
-                    done[victim] = true;
+                    kill_at = Some(Instant::now() + Duration::from_millis(args.kill_delay_ms));
                 }
                 if let Some(slot) = rounds.get_mut(round).and_then(|r| r.get_mut(index)) {
                     *slot = Some(value);
@@ -654,6 +684,8 @@ mod tests {
             json: true,
             kill_peer: None,
             kill_at_round: 1,
+            kill_delay_ms: 0,
+            target_group: None,
             hosts: None,
             chunk_timeout_ms,
             reducer_timeout_ms,
@@ -728,6 +760,9 @@ mod tests {
             out: None,
             hosts: Hosts::from_flag(Some(&hosts_file), 2).unwrap(),
             synthetic_step_ms: 0,
+            error_feedback: true,
+            clip: None,
+            faults: Vec::new(),
         };
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), 2).unwrap();
         let mut a = args(Some(60_000), Some(90_000));

@@ -224,12 +224,17 @@ struct Workload {
 }
 
 /// The mode a benchmark runs, as its config names it (the benchmark writes the algorithm
-/// there): every round takes the whole swarm (`target_group = peers`) and exactly one
-/// contribution of each member, since a round is due as soon as a member has one gradient
-/// (`target_batch = 1`) and members do not compute while they average.
+/// there): every round takes the whole swarm (`target_group = peers`, unless the benchmark
+/// asks for smaller groups) and exactly one contribution of each member, since a round is
+/// due as soon as a member has one gradient (`target_batch = 1`) and members do not compute
+/// while they average.
 fn mode_of(args: &AllreducePeerArgs, loaded: &LoadedConfig) -> ModeSettings {
+    // The benchmark writes `target_group` (every peer, unless `--target-group`).
     let whole = |butterfly: &ButterflyConfig| ButterflyConfig {
-        target_group: args.peers.clamp(2, murmur_gossip::butterfly::MAX_GROUP),
+        target_group: butterfly
+            .target_group
+            .min(args.peers)
+            .max(butterfly.min_group),
         ..butterfly.clone()
     };
     match &loaded.averaging.mode {

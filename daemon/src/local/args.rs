@@ -66,6 +66,18 @@ pub(crate) struct LocalArgs {
     /// straggler's padded step is stretched by its factor. 0 = off.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub(crate) synthetic_step_ms: u64,
+    /// Send lossy codecs' error in full each round instead of carrying it into the next
+    /// (`averaging.error_feedback = false`; butterfly, sync-ring, local-sgd).
+    #[arg(long)]
+    pub(crate) no_error_feedback: bool,
+    /// CenteredClip at every reducer with this radius per element (`[averaging.butterfly.clip]
+    /// tau`; 3 iterations, outliers past 4 median distances set aside).
+    #[arg(long, value_name = "TAU")]
+    pub(crate) clip: Option<f32>,
+    /// Test only: `PEER:SPEC` runs peer PEER with `MURMUR_TEST_FAULT=SPEC` (`flip:S` sends
+    /// gradients as −S × themselves, `inflate:K` declares K × the samples). Repeatable.
+    #[arg(long, value_name = "PEER:SPEC", hide = true)]
+    pub(crate) fault: Vec<String>,
 }
 
 /// One slowed-down peer.
@@ -92,6 +104,12 @@ pub(crate) struct LocalPlan {
     pub(crate) hosts: Hosts,
     /// Every peer's `[training] synthetic_step_ms`; 0 = off.
     pub(crate) synthetic_step_ms: u64,
+    /// Every peer's `averaging.error_feedback`.
+    pub(crate) error_feedback: bool,
+    /// Every peer's CenteredClip radius, if clipping.
+    pub(crate) clip: Option<f32>,
+    /// Peers run with the test-only fault switch, and its value.
+    pub(crate) faults: Vec<(usize, String)>,
 }
 
 impl LocalPlan {
@@ -137,6 +155,26 @@ impl LocalPlan {
             )));
         }
         let hosts = Hosts::from_flag(args.hosts.as_deref(), args.peers)?;
+        if let Some(tau) = args.clip
+            && !(tau.is_finite() && tau > 0.0)
+        {
+            return Err(BadInput(format!("--clip {tau}: expected a radius above 0")));
+        }
+        let mut faults = Vec::new();
+        for text in &args.fault {
+            let parsed = text
+                .split_once(':')
+                .and_then(|(peer, spec)| Some((peer.parse::<usize>().ok()?, spec.to_owned())))
+                .filter(|(peer, _)| *peer < args.peers);
+            match parsed {
+                Some(fault) => faults.push(fault),
+                None => {
+                    return Err(BadInput(format!(
+                        "--fault {text}: expected PEER:SPEC with PEER below --peers"
+                    )));
+                }
+            }
+        }
         Ok(LocalPlan {
             peers: args.peers,
             mode: args.mode,
@@ -148,7 +186,18 @@ impl LocalPlan {
             out: args.out.clone(),
             hosts,
             synthetic_step_ms: args.synthetic_step_ms,
+            error_feedback: !args.no_error_feedback,
+            clip: args.clip,
+            faults,
         })
+    }
+
+    /// The test-only fault of peer `peer`, if it has one.
+    pub(crate) fn fault(&self, peer: usize) -> Option<&str> {
+        self.faults
+            .iter()
+            .find(|(p, _)| *p == peer)
+            .map(|(_, spec)| spec.as_str())
     }
 
     /// The slowdown of peer `peer`: its straggler factor, or 1.
@@ -247,6 +296,9 @@ mod tests {
             out: None,
             hosts: None,
             synthetic_step_ms: 0,
+            no_error_feedback: false,
+            clip: None,
+            fault: Vec::new(),
         }
     }
 

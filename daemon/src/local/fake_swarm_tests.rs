@@ -53,6 +53,9 @@ fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
         out: Some(out.to_owned()),
         hosts: None,
         synthetic_step_ms: 0,
+        no_error_feedback: false,
+        clip: None,
+        fault: Vec::new(),
     })
     .unwrap()
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use crate::run::FAULT_VAR;
 use tokio::sync::mpsc;
 
 use super::events::{EventError, PeerEvent, parse_line};
@@ -70,13 +72,16 @@ pub(crate) struct PeerMessage {
     pub(crate) output: PeerOutput,
 }
 
-/// Starts one peer, under its launcher from `hosts`: stdout is parsed into `messages` and
+/// Starts one peer, under its launcher from `hosts` (with the test-only fault switch set to
+/// `fault`, if any): stdout is parsed into `messages` and
 /// appended to [`PROGRESS_FILE`] beside `log`, stderr is appended to `log`. The child runs in its own process group, so a terminal's Ctrl-C
 /// reaches `murmur local` only, which forwards it exactly once.
+#[allow(clippy::too_many_arguments)] // one per thing a peer is started with
 pub(crate) fn spawn_peer(
     launcher: &Launcher,
     hosts: &Hosts,
     peer: usize,
+    fault: Option<&str>,
     generation: u32,
     config: &Path,
     log: &Path,
@@ -93,7 +98,11 @@ pub(crate) fn spawn_peer(
         .append(true)
         .open(&lines_path)
         .with_context(|| format!("opening {}", lines_path.display()))?;
-    let mut child = Command::from(hosts.command(peer, &launcher.program))
+    let mut command = hosts.command(peer, &launcher.program);
+    if let Some(fault) = fault {
+        command.env(FAULT_VAR, fault);
+    }
+    let mut child = Command::from(command)
         .args(&launcher.leading_args)
         .arg("--config")
         .arg(config)

@@ -317,6 +317,9 @@ mod tests {
             out: None,
             hosts: None,
             synthetic_step_ms: 0,
+            no_error_feedback: false,
+            clip: None,
+            fault: Vec::new(),
         })
         .unwrap()
     }

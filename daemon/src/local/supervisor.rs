@@ -218,6 +218,7 @@ impl Supervisor<'_> {
             self.launcher,
             &self.plan.hosts,
             peer,
+            self.plan.fault(peer),
             slot.generation,
             &self.dir.config_path(peer),
             &self.dir.log_path(peer),

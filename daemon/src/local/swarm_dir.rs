@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use murmur_gossip::butterfly::{ButterflyConfig, ClipConfig};
 use murmur_gossip::net::NetConfig;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 use murmur_trainer::TaskPreset;
@@ -253,8 +254,17 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
         averaging: AveragingSection {
             mode: plan.mode,
             codec: plan.codec.to_string(),
+            error_feedback: plan.error_feedback,
             // One round per local step of every peer: the same batch as the sync ring's.
             target_batch: plan.peers as u64 * task.data.batch_size as u64,
+            butterfly: ButterflyConfig {
+                clip: plan.clip.map(|tau| ClipConfig {
+                    tau,
+                    iterations: 3,
+                    reject_factor: ClipConfig::DEFAULT_REJECT_FACTOR,
+                }),
+                ..ButterflyConfig::default()
+            },
             ..AveragingSection::default()
         },
         data: task.data,
@@ -319,6 +329,9 @@ mod tests {
             out: None,
             hosts: None,
             synthetic_step_ms: 0,
+            no_error_feedback: false,
+            clip: None,
+            fault: Vec::new(),
         })
         .unwrap()
     }
@@ -438,6 +451,9 @@ mod tests {
             out: None,
             hosts: Some(hosts),
             synthetic_step_ms: 150,
+            no_error_feedback: false,
+            clip: None,
+            fault: Vec::new(),
         })
         .unwrap();
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), plan.peers).unwrap();

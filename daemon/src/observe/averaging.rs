@@ -147,6 +147,8 @@ struct Inner {
     push_sum_weight: Gauge,
     consensus_drift: Gauge,
     refusals: [IntCounter; 3],
+    weights_capped: IntCounter,
+    contributions_rejected: IntCounter,
 }
 
 /// Round durations from 5 ms to about 160 s, doubling.
@@ -191,6 +193,14 @@ impl AveragingMetrics {
         let help = "Push-sum shares refused for a reference the receiver did not hold (SGP): \
                     refused here, or sent from here and taken back or lost.";
         let refusals = named(name, IntCounterVec::new(Opts::new(name, help), &["event"]))?;
+        let name = "murmur_averaging_weights_capped_total";
+        let help = "Senders whose declared weight this peer's reductions cut to \
+                    averaging.butterfly.max_weight_ratio times the median.";
+        let weights_capped = named(name, IntCounter::new(name, help))?;
+        let name = "murmur_averaging_contributions_rejected_total";
+        let help = "Contributions this peer's CenteredClip reductions set aside as outliers, \
+                    summed over chunks.";
+        let contributions_rejected = named(name, IntCounter::new(name, help))?;
 
         let modes = AveragingMode::ALL.map(AveragingMode::name);
         let outcomes = RoundOutcome::ALL.map(RoundOutcome::name);
@@ -204,6 +214,8 @@ impl AveragingMetrics {
             push_sum_weight,
             consensus_drift,
             refusals: Refusal::ALL.map(|r| refusals.with_label_values(&[r.name()])),
+            weights_capped,
+            contributions_rejected,
         };
         register(registry, rounds)?;
         register(registry, durations)?;
@@ -214,6 +226,8 @@ impl AveragingMetrics {
         register(registry, inner.push_sum_weight.clone())?;
         register(registry, inner.consensus_drift.clone())?;
         register(registry, refusals)?;
+        register(registry, inner.weights_capped.clone())?;
+        register(registry, inner.contributions_rejected.clone())?;
         Ok(AveragingMetrics { inner: Some(inner) })
     }
 
@@ -244,6 +258,15 @@ impl AveragingMetrics {
     pub(crate) fn count_refusal(&self, refusal: Refusal) {
         if let Some(m) = &self.inner {
             m.refusals[refusal.index()].inc();
+        }
+    }
+
+    /// What this peer's reductions did against bad contributions in a round: senders whose
+    /// declared weight was cut to the bound, and contributions CenteredClip set aside.
+    pub(crate) fn count_defences(&self, weights_capped: u64, contributions_rejected: u64) {
+        if let Some(m) = &self.inner {
+            m.weights_capped.inc_by(weights_capped);
+            m.contributions_rejected.inc_by(contributions_rejected);
         }
     }
 

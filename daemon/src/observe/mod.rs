@@ -40,6 +40,8 @@
 //! | `murmur_averaging_stragglers_dropped_total` | counter | mode | group members dropped from a round for not sending in time |
 //! | `murmur_averaging_parts_timed_out_total` | counter | mode | parts whose reducer did not answer in time (kept local values) |
 //! | `murmur_averaging_share_refusals_total` | counter | event | push-sum shares refused for a reference the receiver did not hold (SGP): `refused` here, or sent from here and `taken_back` or `lost` |
+//! | `murmur_averaging_weights_capped_total` | counter | | senders whose declared weight this peer's reductions cut to `averaging.butterfly.max_weight_ratio` times the median |
+//! | `murmur_averaging_contributions_rejected_total` | counter | | contributions this peer's CenteredClip reductions set aside as outliers, summed over chunks |
 //! | `murmur_net_connected_peers` | gauge | | connected peers whose invite verified |
 //! | `murmur_net_bandwidth_cap_bytes_per_second` | gauge | direction | the volunteer's cap on tensor bytes per second (`upload`, `download`); 0 = none |
 //! | `murmur_net_message_bytes_sent_total` | counter | codec, kind | frame bytes this peer sent |

@@ -8,6 +8,7 @@
 //! and then only does the engine's work on the trainer and reports ([`train`]).
 
 mod device;
+mod fault;
 mod meet;
 mod peer;
 mod progress;
@@ -30,6 +31,7 @@ use sha2::{Digest as _, Sha256};
 use crate::checkpoint::CheckpointStore;
 use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, StatusIdentity};
 pub(crate) use device::{TrainingDevice, open as open_device};
+pub(crate) use fault::FAULT_VAR;
 use murmur_protocol::frame::FrameLimits;
 use murmur_protocol::message::AveragingMode;
 use murmur_protocol::snapshot::SnapshotLimits;
@@ -101,7 +103,15 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let layout = task.model.layout().clone();
     let len = params.len();
     let optimizer = SharedOptimizer::default();
-    let worker = Worker::spawn(task, len, settings.pace(), Arc::clone(&optimizer))?;
+    let fault = fault::Fault::from_env()?;
+    if let Some(fault) = fault {
+        tracing::warn!(
+            ?fault,
+            "{} is set: this peer sends corrupted contributions (a test of the defences)",
+            fault::FAULT_VAR
+        );
+    }
+    let worker = Worker::spawn(task, len, settings.pace(), Arc::clone(&optimizer), fault)?;
 
     let listen: Vec<String> = net
         .listen_addrs()
@@ -185,12 +195,17 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     )
     .await;
     let swarm_step = membership.swarm_step();
-    // The swarm's state wins when it is newer than our checkpoint.
-    let joining = swarm_step > resumed_step.unwrap_or(0);
+    let mode = peer.settings.mode();
+    // The swarm's state wins when it is newer than our checkpoint. SGP's heartbeats count
+    // local steps, as checkpoints do; the round modes' count rounds, which a checkpoint
+    // does not know: a swarm past its first round is taken to be ahead.
+    let joining = match mode {
+        AveragingMode::Sgp => swarm_step > resumed_step.unwrap_or(0),
+        _ => swarm_step > 0,
+    };
     if joining {
         tracing::info!(swarm_step, "the swarm is training already: joining it");
     }
-    let mode = peer.settings.mode();
     // An SGP joiner starts with no mass and takes the swarm's through shares; the other
     // modes download the swarm's state.
     if joining && mode != AveragingMode::Sgp {
@@ -198,10 +213,16 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     }
     peer.load_pending_optimizer().await;
 
+    // SGP's step is the local step a checkpoint counts too; the round modes' round is the
+    // optimizer (or outer) step, which only the swarm's heartbeats tell.
+    let round = match mode {
+        AveragingMode::Sgp => swarm_step.max(resumed_step.unwrap_or(0)),
+        _ => swarm_step,
+    };
     let start = Start {
         params: (!(joining && mode == AveragingMode::Sgp)).then_some(params),
         len,
-        round: swarm_step.max(resumed_step.unwrap_or(0)),
+        round,
         local_steps: peer.counters.step,
     };
     let setup = EngineSetup {

@@ -306,6 +306,12 @@ impl Peer {
                 self.metrics.averaging.set_consensus_drift(drift);
                 self.counters.drift = Some(drift);
             }
+            EngineEvent::NonFiniteContribution { round } => {
+                tracing::warn!(
+                    round,
+                    "this peer's update held NaN or infinity; it takes the group's average instead"
+                );
+            }
             EngineEvent::CaughtUp { from, to } => {
                 tracing::info!(from, to, "behind the swarm's round number: catching up");
             }
@@ -329,6 +335,9 @@ impl Peer {
             parts_timed_out: report.parts_timed_out,
         };
         self.metrics.averaging.record_round(&summary);
+        self.metrics
+            .averaging
+            .count_defences(report.weights_capped, report.contributions_rejected);
         self.board.record_round(&summary);
         self.counters.rounds += 1;
         self.progress.round(report);

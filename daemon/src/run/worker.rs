@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use murmur_gossip::engine::{Work, WorkDone};
 use murmur_trainer::{Batch, DataShape, Task};
+
+use super::fault::Fault;
 use tokio::sync::mpsc;
 
 /// Work for the trainer thread.
@@ -104,13 +106,14 @@ impl Worker {
         params_len: usize,
         pace: StepPace,
         shared: SharedOptimizer,
+        fault: Option<Fault>,
     ) -> anyhow::Result<Worker> {
         let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel(1);
         let thread = std::thread::Builder::new()
             .name("murmur-trainer".into())
             .spawn(move || {
-                let mut state = WorkerState::new(task, params_len, pace, shared);
+                let mut state = WorkerState::new(task, params_len, pace, shared, fault);
                 while let Ok(job) = jobs_rx.recv() {
                     let done = state.run(job);
                     if done_tx.blocking_send(done).is_err() {
@@ -168,10 +171,18 @@ struct WorkerState {
     grad: Vec<f32>,
     pace: StepPace,
     shared: SharedOptimizer,
+    /// The test-only fault switch, when set.
+    fault: Option<Fault>,
 }
 
 impl WorkerState {
-    fn new(task: Task, params_len: usize, pace: StepPace, shared: SharedOptimizer) -> WorkerState {
+    fn new(
+        task: Task,
+        params_len: usize,
+        pace: StepPace,
+        shared: SharedOptimizer,
+        fault: Option<Fault>,
+    ) -> WorkerState {
         let rows = task.batch_size;
         let batch = match task.dataset.shape() {
             DataShape::Tokens { context, .. } => Batch::tokens_with_capacity(rows, context),
@@ -183,6 +194,7 @@ impl WorkerState {
             grad: vec![0.0; params_len],
             pace,
             shared,
+            fault,
         }
     }
 
@@ -298,11 +310,15 @@ impl WorkerState {
                     .loss_and_grad(&params, &self.batch, &mut grad)
                     .context("gradient")?;
                 self.stretch(started.elapsed());
+                let mut samples = self.samples();
+                if let Some(fault) = &self.fault {
+                    fault.corrupt(&mut grad, &mut samples);
+                }
                 Ok(Done::Engine {
                     done: WorkDone::Gradient {
                         params,
                         grad,
-                        samples: self.samples(),
+                        samples,
                         took: started.elapsed(),
                     },
                     loss: Some(loss),

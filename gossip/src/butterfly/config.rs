@@ -198,8 +198,8 @@ impl Default for ButterflyConfig {
         ButterflyConfig {
             min_group: 2,
             target_group: 16,
-            max_wait_ms: 15_000,
-            begin_margin_ms: 1_000,
+            max_wait_ms: 5_000,
+            begin_margin_ms: 500,
             max_candidates: 64,
             chunk_elements: 16_384,
             chunks_in_flight: 4,

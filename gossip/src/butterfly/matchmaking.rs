@@ -117,6 +117,13 @@ pub enum MatchInput<P> {
     },
     /// The time returned by [`Matchmaker::poll_timeout`] has come.
     Tick,
+    /// This peer stops looking (it is leaving): a leader rejects its followers at once, and
+    /// the round ends with [`MatchOutput::NoGroup`].
+    Cancel,
+    /// `peer` is gone (its heartbeats stopped, or a request to it could not be delivered):
+    /// a follower waiting for it as its leader looks on at once instead of until the
+    /// leader's deadline, and a leader drops it from its followers.
+    PeerGone(P),
 }
 
 /// What a [`Matchmaker`] asks its caller to do.
@@ -248,6 +255,24 @@ impl<P: PeerKey> Matchmaker<P> {
         self.deadline
     }
 
+    /// Whether `peer` asked this peer, gathering, to take it into its group.
+    pub fn has_follower(&self, peer: P) -> bool {
+        self.followers.iter().any(|(p, _)| *p == peer)
+    }
+
+    /// The leader this peer waits for, if it asked one.
+    pub fn leader(&self) -> Option<P> {
+        match self.phase {
+            Phase::Requesting { leader, .. } => Some(leader),
+            _ => None,
+        }
+    }
+
+    /// Whether this peer gathers a group and nobody joined it yet.
+    pub fn gathering_alone(&self) -> bool {
+        self.phase == Phase::Gathering && self.followers.is_empty()
+    }
+
     /// Whether the peer is looking for a group (gathering or waiting for a leader).
     pub fn is_looking(&self) -> bool {
         matches!(self.phase, Phase::Gathering | Phase::Requesting { .. })
@@ -319,6 +344,20 @@ impl<P: PeerKey> Matchmaker<P> {
                 if waiting_for && group.round == self.round && group.index_of(self.me).is_some() {
                     self.phase = Phase::Done;
                     self.outputs.push_back(MatchOutput::Formed(group));
+                }
+            }
+            MatchInput::PeerGone(peer) => {
+                self.forget(peer);
+                self.followers.retain(|(follower, _)| *follower != peer);
+                if matches!(self.phase, Phase::Requesting { leader, .. } if leader == peer) {
+                    self.start_gathering();
+                }
+            }
+            MatchInput::Cancel => {
+                if self.phase == Phase::Gathering {
+                    self.disband();
+                } else if self.is_looking() {
+                    self.give_up();
                 }
             }
             MatchInput::Tick => match self.phase {

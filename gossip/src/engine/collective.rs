@@ -27,6 +27,9 @@ pub struct RoundReport<P> {
     pub group_id: u64,
     /// Members of the group, this one included.
     pub group_size: usize,
+    /// Elements of the part this member reduced (0: it reduced none, e.g. it accepts no
+    /// connections).
+    pub part_elements: usize,
     /// Fraction of the vector averaged over every member still alive (senders a reducer
     /// dropped for silence are not counted against it).
     pub coverage: f64,
@@ -44,6 +47,10 @@ pub struct RoundReport<P> {
     pub matchmaking: Duration,
     /// Relative distance between this member's contribution and the result (butterfly).
     pub drift: Option<f64>,
+    /// Senders whose declared weight this member's reduction cut to its bound.
+    pub weights_capped: u64,
+    /// Contributions this member's CenteredClip set aside as outliers, summed over chunks.
+    pub contributions_rejected: u64,
 }
 
 impl<P> RoundReport<P> {
@@ -95,6 +102,8 @@ pub(crate) struct Collective<P> {
     round: u64,
     group_id: u64,
     members: Vec<P>,
+    /// Elements this member reduces.
+    part_elements: usize,
     codec: CodecSpec,
     started: Time,
     deadline: Time,
@@ -122,6 +131,9 @@ impl<P: PeerKey> Collective<P> {
     ) -> Result<Collective<P>, EngineError> {
         let members = group.members().to_vec();
         let (round, group_id) = (group.round, group.group_id);
+        let part_elements = group
+            .index_of(me)
+            .map_or(0, |i| group.partition().range(i).len());
         let bound = config.reducer_timeout() + config.chunk_timeout() * 2;
         let machine = ButterflyRound::new(me, group, buffers, weight, codec, config, now)?;
         Ok(Collective {
@@ -129,6 +141,7 @@ impl<P: PeerKey> Collective<P> {
             round,
             group_id,
             members,
+            part_elements,
             codec,
             started: now,
             deadline: now + bound,
@@ -167,11 +180,13 @@ impl<P: PeerKey> Collective<P> {
         if let Some(residuals) = feedback {
             machine = machine.with_feedback(residuals);
         }
+        let part_elements = machine.segment_len();
         Ok(Collective {
             machine: Machine::Ring(Box::new(machine)),
             round: group.round,
             group_id: group.group_id,
             members,
+            part_elements,
             codec,
             started: now,
             deadline: now + bound,
@@ -428,6 +443,10 @@ impl<P: PeerKey> Collective<P> {
     pub(crate) fn take_result(&mut self, now: Time) -> (RoundBuffers, RoundReport<P>) {
         self.taken = true;
         let ending = self.ending.clone().unwrap_or_else(|| Ending::whole(0.0));
+        let (weights_capped, contributions_rejected) = match &self.machine {
+            Machine::Butterfly(r) => (r.stats().weights_capped, r.stats().contributions_rejected),
+            Machine::Ring(_) => (0, 0),
+        };
         let (buffers, drift) = match &mut self.machine {
             Machine::Butterfly(r) => {
                 // The machine keeps running on an empty round (it only sends averages that
@@ -452,6 +471,7 @@ impl<P: PeerKey> Collective<P> {
             round: self.round,
             group_id: self.group_id,
             group_size: self.members.len(),
+            part_elements: self.part_elements,
             coverage: ending.coverage,
             coverage_all: ending.coverage_all,
             stragglers_dropped: ending.stragglers_dropped,
@@ -460,6 +480,8 @@ impl<P: PeerKey> Collective<P> {
             finished_after: finished_at.saturating_since(self.started),
             matchmaking: self.matchmaking,
             drift,
+            weights_capped,
+            contributions_rejected,
         };
         (buffers, report)
     }

@@ -1,11 +1,12 @@
-//! Local SGD with an outer optimizer: H local steps, then an average of the pseudo-gradients
-//! and one outer Nesterov step (`averaging.mode = "local-sgd"`).
+//! Local SGD with an outer optimizer: H local steps, then an average and one outer Nesterov
+//! step (`averaging.mode = "local-sgd"`).
 //!
 //! Every peer keeps an *anchor*: the parameters at the start of its outer step. After `H`
-//! local optimizer steps it contributes its *pseudo-gradient* `Δᵢ = anchor − θᵢ` (how far
-//! its inner optimizer moved it), weighted by the samples behind it. The group averages the
-//! pseudo-gradients in a butterfly all-reduce ([`crate::butterfly`]), and every member
-//! applies the average `Δ̄` with Nesterov momentum:
+//! local optimizer steps it contributes its parameters `θᵢ`, weighted by the samples
+//! behind them; the group averages them in a butterfly all-reduce ([`crate::butterfly`]).
+//! With `θ̄` the average, the *pseudo-gradient* is `Δ̄ = anchor − θ̄`, which is the mean of
+//! the members' own pseudo-gradients `anchor − θᵢ` (how far each inner optimizer moved),
+//! and every member applies it with Nesterov momentum:
 //!
 //! ```text
 //! v ← μ·v + Δ̄
@@ -72,27 +73,23 @@ impl OuterStep {
         &self.anchor
     }
 
-    /// Writes the pseudo-gradient `anchor − params` into `out`.
-    pub fn pseudo_gradient(&self, params: &[f32], out: &mut Vec<f32>) {
-        out.clear();
-        out.extend(self.anchor.iter().zip(params).map(|(a, p)| a - p));
-    }
-
-    /// Takes the outer Nesterov step along the averaged pseudo-gradient and writes the new
-    /// anchor into `params`.
-    pub fn apply(&mut self, averaged: &[f32], params: &mut [f32]) {
+    /// Takes the outer Nesterov step along the pseudo-gradient `anchor − average`, where
+    /// `average` is the group's mean of the members' parameters, and writes the new anchor
+    /// into `params`.
+    pub fn apply(&mut self, average: &[f32], params: &mut [f32]) {
         let LocalSgdSettings {
             outer_lr: lr,
             outer_momentum: mu,
             ..
         } = self.settings;
-        for (((anchor, v), p), &delta) in self
+        for (((anchor, v), p), &mean) in self
             .anchor
             .iter_mut()
             .zip(&mut self.velocity)
             .zip(params.iter_mut())
-            .zip(averaged)
+            .zip(average)
         {
+            let delta = *anchor - mean;
             *v = mu * *v + delta;
             *anchor -= lr * (delta + mu * *v);
             *p = *anchor;
@@ -111,6 +108,26 @@ impl OuterStep {
 mod tests {
     use super::*;
 
+    /// Anchors that differ by `d` differ by `(1 − η)·d` after a round averaging their
+    /// (unmoved) parameters: drift heals.
+    #[test]
+    fn anchors_apart_come_together() {
+        let settings = LocalSgdSettings {
+            local_steps: 1,
+            outer_lr: 0.7,
+            outer_momentum: 0.0,
+        };
+        let (mut a, mut b) = (
+            OuterStep::new(&[0.0], settings),
+            OuterStep::new(&[1.0], settings),
+        );
+        let (mut pa, mut pb) = ([0.0f32], [1.0f32]);
+        let mean = [(pa[0] + pb[0]) / 2.0];
+        a.apply(&mean, &mut pa);
+        b.apply(&mean, &mut pb);
+        assert!(((pb[0] - pa[0]) - 0.3).abs() < 1e-6, "{pa:?} {pb:?}");
+    }
+
     #[test]
     fn with_no_momentum_and_unit_rate_the_outer_step_lands_on_the_average() {
         let settings = LocalSgdSettings {
@@ -120,12 +137,9 @@ mod tests {
         };
         let anchor = [1.0, 2.0, 3.0];
         let mut outer = OuterStep::new(&anchor, settings);
-        // Two peers moved to a and b; their pseudo-gradients average to anchor − (a+b)/2.
+        // Two peers moved to a and b; the group's average is their mean.
         let (a, b) = ([0.0, 2.0, 4.0], [1.0, 1.0, 1.0]);
-        let (mut da, mut db) = (Vec::new(), Vec::new());
-        outer.pseudo_gradient(&a, &mut da);
-        outer.pseudo_gradient(&b, &mut db);
-        let mean: Vec<f32> = da.iter().zip(&db).map(|(x, y)| (x + y) / 2.0).collect();
+        let mean: Vec<f32> = a.iter().zip(&b).map(|(x, y)| (x + y) / 2.0).collect();
         let mut params = a;
         outer.apply(&mean, &mut params);
         assert_eq!(params, [0.5, 1.5, 2.5]);
@@ -140,11 +154,11 @@ mod tests {
         };
         let mut outer = OuterStep::new(&[0.0], settings);
         let mut params = [0.0];
-        outer.apply(&[1.0], &mut params);
-        // v = 1, anchor = −0.5·(1 + 0.9)
+        // The group moved to −1: Δ = 1, v = 1, anchor = −0.5·(1 + 0.9).
+        outer.apply(&[-1.0], &mut params);
         assert!((params[0] + 0.95).abs() < 1e-6);
-        outer.apply(&[0.0], &mut params);
-        // v = 0.9, anchor −= 0.5·(0 + 0.81)
+        // The group stayed at the anchor: Δ = 0, v = 0.9, anchor −= 0.5·(0 + 0.81).
+        outer.apply(&[-0.95], &mut params);
         assert!((params[0] + 0.95 + 0.405).abs() < 1e-6);
     }
 }

@@ -20,7 +20,8 @@
 //! - [`RoundEngine`] with [`RoundPolicy::SyncRing`] (`sync-ring`): every step, the whole
 //!   swarm averages its gradients in a ring all-reduce ([`crate::ring`]); the baseline.
 //! - [`RoundEngine`] with [`RoundPolicy::LocalSgd`] (`local-sgd`): H local steps, then a
-//!   butterfly average of the pseudo-gradients and an outer Nesterov step ([`local_sgd`]).
+//!   butterfly average of the parameters and an outer Nesterov step on the pseudo-gradient
+//!   ([`local_sgd`]).
 //!
 //! # A gradient's way
 //!
@@ -174,6 +175,12 @@ pub enum EngineEvent<P> {
     /// The relative distance between this peer's parameters and another's (SGP, from an
     /// exact share) or between its contribution and the average (rounds).
     Drift(f64),
+    /// This peer's contribution held NaN or infinity (its training diverged): it averaged
+    /// with no weight of its own and took the group's result.
+    NonFiniteContribution {
+        /// The round.
+        round: u64,
+    },
     /// This peer was behind the swarm's round number and caught up.
     CaughtUp {
         /// Its round before.

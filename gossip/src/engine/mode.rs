@@ -28,7 +28,8 @@ pub enum ModeSettings {
         /// Matchmaking, chunks, timeouts and clipping.
         butterfly: ButterflyConfig,
     },
-    /// `local-sgd`: H local steps, then pseudo-gradients averaged in a butterfly round.
+    /// `local-sgd`: H local steps, then the parameters averaged in a butterfly round and an
+    /// outer step.
     LocalSgd {
         /// H and the outer optimizer.
         local: LocalSgdSettings,

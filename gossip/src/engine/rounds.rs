@@ -18,13 +18,14 @@
 //!    that arrive before this peer's `GroupBegin` wait for it. Error feedback, when on, carries
 //!    what each round's encoding lost into the next.
 //! 4. **Apply.** Butterfly and sync-ring hand the averaged gradient to the trainer
-//!    ([`Work::Apply`]); local SGD takes its outer step ([`OuterStep`]).
+//!    ([`Work::Apply`]); local SGD, which averages parameters, takes its outer step on the
+//!    pseudo-gradient `anchor − average` ([`OuterStep`]).
 //!
 //! In butterfly mode a peer keeps computing gradients while it looks for a group and while
 //! its round runs (with [`RoundSettings::overlap`], as `murmur run` sets it): those steps
 //! count towards the next round. The other modes wait.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use murmur_protocol::codec::CodecSpec;
@@ -47,6 +48,11 @@ use super::{
     Engine, EngineError, EngineEvent, EngineInput, EngineOutput, EngineStatus, Work, WorkDone,
 };
 
+/// Heartbeat intervals of silence after which a member is not waited for in a round, nor
+/// expected in a group: a peer heartbeats every interval, so one heard less recently has
+/// most likely crashed. The membership gives it up later ([`super::SILENCE_INTERVALS`]).
+pub const QUIET_INTERVALS: f64 = 1.25;
+
 /// When a round is due and what it averages.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RoundPolicy {
@@ -57,7 +63,7 @@ pub enum RoundPolicy {
     },
     /// Gradients, every step, in a ring over the whole swarm.
     SyncRing,
-    /// Pseudo-gradients, every `H` local steps, then an outer step.
+    /// Parameters, every `H` local steps, then an outer step.
     LocalSgd(LocalSgdSettings),
 }
 
@@ -156,6 +162,14 @@ pub struct RoundEngine<P> {
     departed: bool,
     rounds_done: u64,
     silent: Vec<P>,
+    /// The round each member was last heard looking for a group of.
+    looked: HashMap<P, u64>,
+    /// Members heard looking for a group of this round and then no longer looking while
+    /// still at it: they are in a group, which a leader does not wait for unless it is its
+    /// own.
+    engaged: HashSet<P>,
+    /// Members of the running round it stopped waiting for, as quiet too long.
+    quiet_in_round: HashSet<P>,
     /// The time of the input being handled.
     now: Time,
     /// Samples per second over recent steps (exponential average).
@@ -214,6 +228,9 @@ impl<P: PeerKey> RoundEngine<P> {
             departed: false,
             rounds_done: 0,
             silent: Vec::new(),
+            looked: HashMap::new(),
+            engaged: HashSet::new(),
+            quiet_in_round: HashSet::new(),
             now: Time::ZERO,
             rate: 0.0,
             settings,
@@ -265,7 +282,7 @@ impl<P: PeerKey> RoundEngine<P> {
 
     /// Gives the trainer its next work, if it is free and there is any.
     fn next_work(&mut self) {
-        if self.working.is_some() {
+        if self.working.is_some() || self.finished {
             return;
         }
         if self.phase == Phase::Applying {
@@ -407,11 +424,10 @@ impl<P: PeerKey> RoundEngine<P> {
                     to: swarm,
                 }));
             self.round = swarm;
+            self.engaged.clear();
         }
         self.phase = Phase::Matching { since: now };
-        let target = self.settings.butterfly.target_group;
-        self.matchmaker
-            .set_target_group(target.min(self.membership.len() + 1));
+        self.matchmaker.set_target_group(self.expected_group());
         let profile = MemberProfile {
             bandwidth_bytes_per_s: self.upload_offered(),
             accepts_connections: self.settings.accepts_connections,
@@ -426,6 +442,26 @@ impl<P: PeerKey> RoundEngine<P> {
                 profile,
             },
         )
+    }
+
+    /// The group a leader waits for before its deadline: `target_group`, or this peer and
+    /// every member whose heartbeat says it is at this round or the one before (it will be
+    /// ready soon), if fewer. A member not heard since it (re)joined, overdue
+    /// ([`Membership::overdue`], at most [`QUIET_INTERVALS`]), far behind, already past this round, looking for a group of
+    /// another round, or in another group of this one is not waited for: it joins a later
+    /// round.
+    fn expected_group(&self) -> usize {
+        let round = self.round;
+        let near = self
+            .membership
+            .heard()
+            .filter(|(peer, _)| !self.membership.overdue(peer, self.now, QUIET_INTERVALS))
+            .filter(|(_, beat)| beat.step == round || beat.step + 1 == round)
+            // One looking in another round is bound to it until its own deadline.
+            .filter(|(_, beat)| beat.looking.is_none_or(|l| l.round == round))
+            .filter(|(peer, _)| !self.engaged.contains(peer) || self.matchmaker.has_follower(*peer))
+            .count();
+        self.settings.butterfly.target_group.min(near + 1)
     }
 
     fn match_input(&mut self, now: Time, input: MatchInput<P>) -> Result<(), EngineError> {
@@ -491,12 +527,14 @@ impl<P: PeerKey> RoundEngine<P> {
     }
 
     /// Takes the contribution out of the accumulation: the mean gradient (butterfly,
-    /// sync-ring) or the pseudo-gradient (local SGD), into `out`; returns its weight.
+    /// sync-ring) or the parameters (local SGD, see [`super::local_sgd`]), into `out`;
+    /// returns its weight.
     fn take_contribution(&mut self, out: &mut Vec<f32>) -> f32 {
         let weight = self.samples as f32;
-        match (&self.settings.policy, &self.outer, &self.params) {
-            (RoundPolicy::LocalSgd(_), Some(outer), Some(params)) => {
-                outer.pseudo_gradient(params, out);
+        match (&self.settings.policy, &self.params) {
+            (RoundPolicy::LocalSgd(_), Some(params)) => {
+                out.clear();
+                out.extend_from_slice(params);
                 self.since_outer = 0;
             }
             _ => {
@@ -517,7 +555,17 @@ impl<P: PeerKey> RoundEngine<P> {
         let matchmaking = now.saturating_since(since);
         let mut buffers = std::mem::take(&mut self.spare);
         let mut local = std::mem::take(&mut buffers.local);
-        let weight = self.take_contribution(&mut local);
+        let mut weight = self.take_contribution(&mut local);
+        if local.iter().any(|x| !x.is_finite()) {
+            // A trainer that diverged has nothing to give: this member takes the group's
+            // average with no weight of its own, which also brings it back.
+            self.outputs
+                .push_back(EngineOutput::Event(EngineEvent::NonFiniteContribution {
+                    round: self.round,
+                }));
+            local.fill(0.0);
+            weight = 0.0;
+        }
         let group_id = group.group_id;
         let gone: Vec<P> = group
             .members()
@@ -566,6 +614,7 @@ impl<P: PeerKey> RoundEngine<P> {
             self.feed_chunk(now, &mut collective, from, parcel);
         }
         self.phase = Phase::Averaging;
+        self.quiet_in_round.clear();
         self.collective = Some(collective);
         self.announce(now);
         self.after_round_input(now)
@@ -680,10 +729,12 @@ impl<P: PeerKey> RoundEngine<P> {
             }
             _ => {
                 let group = self.last_group_size();
+                // The schedule follows the data this peer has trained on (its local steps),
+                // not the rounds, whose count depends on how the swarm formed its groups.
                 let work = Work::Apply {
                     params,
                     grad: result,
-                    step: self.round,
+                    step: self.local_step,
                     swarm_batch: self.settings.batch_size * group as u64,
                 };
                 self.working = Some(work.kind());
@@ -699,6 +750,7 @@ impl<P: PeerKey> RoundEngine<P> {
     /// The round's update is applied: on to the next round.
     fn end_round(&mut self, now: Time) {
         self.round += 1;
+        self.engaged.clear();
         self.rounds_done += 1;
         self.phase = Phase::Training;
         self.announce(now);
@@ -778,34 +830,54 @@ impl<P: PeerKey> RoundEngine<P> {
 
     fn on_member(&mut self, now: Time, event: MemberEvent<P>) -> Result<(), EngineError> {
         if let MemberEvent::Heartbeat(peer, beat) = event {
-            let input = match beat.looking {
+            match beat.looking {
+                Some(looking) => {
+                    self.looked.insert(peer, looking.round);
+                    self.engaged.remove(&peer);
+                }
+                None if beat.step == self.round && self.looked.get(&peer) == Some(&self.round) => {
+                    self.engaged.insert(peer);
+                }
+                None => {}
+            }
+        }
+        let looking = match event {
+            MemberEvent::Heartbeat(peer, beat) => Some(match beat.looking {
                 Some(looking) => MatchInput::PeerLooking {
                     peer,
                     round: looking.round,
                     deadline: looking.until,
                 },
                 None => MatchInput::PeerNotLooking(peer),
-            };
-            self.match_input(now, input)?;
-        }
+            }),
+            _ => None,
+        };
         if let Some(Change::Left(peer)) = self.membership.note(now, event) {
             self.lost(now, peer)?;
         }
+        if matches!(self.phase, Phase::Matching { .. }) {
+            // Who is near this round may have changed: a leader waits for them alone.
+            self.matchmaker.set_target_group(self.expected_group());
+        }
+        if let Some(input) = looking {
+            self.match_input(now, input)?;
+        }
+        self.leave_a_round_left_behind(now)?;
         // Heartbeats move the swarm's samples: the round may be due now.
         self.maybe_ready(now)
     }
 
     fn lost(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
+        self.looked.remove(&peer);
+        self.engaged.remove(&peer);
         self.outputs
             .push_back(EngineOutput::Event(EngineEvent::PeerGone {
                 peer,
                 remaining: self.membership.len(),
             }));
         // A smaller swarm needs a smaller group: a leader holding every member left begins.
-        let target = self.settings.butterfly.target_group;
-        self.matchmaker
-            .set_target_group(target.min(self.membership.len() + 1));
-        self.match_input(now, MatchInput::PeerNotLooking(peer))?;
+        self.matchmaker.set_target_group(self.expected_group());
+        self.match_input(now, MatchInput::PeerGone(peer))?;
         if let Some(collective) = &mut self.collective {
             collective.member_lost(now, peer)?;
         }
@@ -829,6 +901,8 @@ impl<P: PeerKey> RoundEngine<P> {
         }
         self.silent = silent;
         self.match_input(now, MatchInput::Tick)?;
+        self.stop_waiting_for_quiet(now)?;
+        self.leave_quiet_leader(now)?;
         if let Some(collective) = &mut self.collective {
             collective.tick(now)?;
         }
@@ -844,6 +918,67 @@ impl<P: PeerKey> RoundEngine<P> {
             });
         });
         self.after_round_input(now)?;
+        self.maybe_ready(now)
+    }
+
+    /// A member of the running round whose heartbeats stopped for [`QUIET_INTERVALS`] is not
+    /// waited for in it (its part keeps local values, its contribution is left out), before
+    /// the membership gives it up: a crashed member costs the round that much, not the
+    /// sender and reducer timeouts.
+    fn stop_waiting_for_quiet(&mut self, now: Time) -> Result<(), EngineError> {
+        let Some(collective) = &mut self.collective else {
+            return Ok(());
+        };
+        let limit = self.membership.interval().mul_f64(QUIET_INTERVALS);
+        let newly: Vec<P> = collective
+            .members()
+            .iter()
+            .copied()
+            .filter(|member| *member != self.me && !self.quiet_in_round.contains(member))
+            .filter(|member| {
+                self.membership
+                    .quiet_for(member, now)
+                    .is_some_and(|quiet| quiet > limit)
+            })
+            .collect();
+        for member in newly {
+            self.quiet_in_round.insert(member);
+            collective.member_lost(now, member)?;
+        }
+        Ok(())
+    }
+
+    /// A follower whose leader went quiet for [`QUIET_INTERVALS`] stops waiting for it: a
+    /// crashed leader costs its followers that much, not the rest of their `max_wait`. Not
+    /// sooner: a gathering leader may have nothing to say between its heartbeats (a bench
+    /// peer, or a synchronous mode's trainer, is idle while it gathers), and a follower
+    /// that left a live leader would split the round.
+    fn leave_quiet_leader(&mut self, now: Time) -> Result<(), EngineError> {
+        let limit = self.membership.interval().mul_f64(QUIET_INTERVALS);
+        let quiet = self.matchmaker.leader().filter(|leader| {
+            self.membership
+                .quiet_for(leader, now)
+                .is_some_and(|quiet| quiet > limit)
+        });
+        match quiet {
+            Some(leader) => self.match_input(now, MatchInput::PeerGone(leader)),
+            None => Ok(()),
+        }
+    }
+
+    /// A peer still gathering alone at a round the swarm has left (its heartbeats say so)
+    /// stops looking and joins the swarm's round, keeping what it accumulated: nobody
+    /// would join it, and its own update would wait for its whole `max_wait`.
+    fn leave_a_round_left_behind(&mut self, now: Time) -> Result<(), EngineError> {
+        let behind = matches!(self.phase, Phase::Matching { .. })
+            && self.matchmaker.gathering_alone()
+            && self.membership.swarm_step() > self.round;
+        if !behind {
+            return Ok(());
+        }
+        // Out of `Matching` first, so that the cancelled search applies nothing alone.
+        self.phase = Phase::Training;
+        self.match_input(now, MatchInput::Cancel)?;
         self.maybe_ready(now)
     }
 
@@ -866,21 +1001,29 @@ impl<P: PeerKey> RoundEngine<P> {
         } else if let Some(collective) = self.draining.iter_mut().find(|c| c.owns(tag)) {
             collective.sent(now, tag)?;
         }
-        self.after_round_input(now)?;
-        if self.finished && !self.departed && self.draining.is_empty() {
-            self.departed = true;
-            self.outputs.push_back(EngineOutput::Departed);
+        self.after_round_input(now)
+    }
+
+    /// Stops: a peer still looking for a group gives up (a leader hands its followers
+    /// back at once), and a round under way goes on only to serve the other members; the
+    /// final parameters come as soon as the trainer is free.
+    fn begin_finish(&mut self, now: Time) -> Result<(), EngineError> {
+        if self.finishing {
+            return Ok(());
+        }
+        self.finishing = true;
+        if matches!(self.phase, Phase::Matching { .. }) {
+            // What was accumulated for this round is not applied.
+            self.phase = Phase::Training;
+            self.match_input(now, MatchInput::Cancel)?;
         }
         Ok(())
     }
 
-    /// Emits the final parameters once no work and no round is in flight.
+    /// Emits the final parameters once the trainer is free: those of the last update
+    /// applied (a round still running or not yet applied changes nothing of them).
     fn maybe_finish(&mut self) {
-        if self.finished
-            || self.working.is_some()
-            || !matches!(self.phase, Phase::Training)
-            || self.collective.is_some()
-        {
+        if self.finished || self.working.is_some() {
             return;
         }
         // Local SGD ends on its anchor, the swarm's last average: the local steps since
@@ -892,7 +1035,12 @@ impl<P: PeerKey> RoundEngine<P> {
         };
         self.finished = true;
         self.outputs.push_back(EngineOutput::Finished(params));
-        if self.draining.is_empty() {
+    }
+
+    /// Departs once finished and no round has anything left to send.
+    fn maybe_depart(&mut self) {
+        if self.finished && !self.departed && self.collective.is_none() && self.draining.is_empty()
+        {
             self.departed = true;
             self.outputs.push_back(EngineOutput::Departed);
         }
@@ -905,13 +1053,26 @@ impl<P: PeerKey> Engine<P> for RoundEngine<P> {
         match input {
             EngineInput::WorkDone(done) => self.on_work_done(now, done)?,
             EngineInput::Parcel { from, parcel } => self.on_parcel(now, from, parcel)?,
-            EngineInput::Sent { tag, parcel, .. } => self.on_sent(now, tag, parcel)?,
+            EngineInput::Sent {
+                to,
+                tag,
+                delivered,
+                parcel,
+            } => {
+                let undelivered_join = !delivered && matches!(parcel, Parcel::JoinGroup(_));
+                self.on_sent(now, tag, parcel)?;
+                if undelivered_join {
+                    // The leader asked cannot be reached: look on now, not at its deadline.
+                    self.match_input(now, MatchInput::PeerGone(to))?;
+                }
+            }
             EngineInput::Member(event) => self.on_member(now, event)?,
             EngineInput::Tick => self.on_tick(now)?,
-            EngineInput::Finish => self.finishing = true,
+            EngineInput::Finish => self.begin_finish(now)?,
         }
         if self.finishing {
             self.maybe_finish();
+            self.maybe_depart();
         }
         Ok(())
     }

@@ -233,6 +233,11 @@ impl<P: PeerKey> RingAllReduce<P> {
         std::mem::take(&mut self.values)
     }
 
+    /// Elements of the segment this member averages.
+    pub fn segment_len(&self) -> usize {
+        self.segments.range(self.segment(1)).len()
+    }
+
     /// Whether every segment is averaged.
     pub fn is_finished(&self) -> bool {
         self.phase == Phase::Finished

@@ -49,6 +49,8 @@ pub struct EngineSwarmConfig {
     pub gossip_ms: f64,
     /// Per peer, an upload cap in bytes per second it declares (empty: none).
     pub upload_caps: Vec<u64>,
+    /// Peers that accept no connections (behind a NAT): they reduce no part.
+    pub unreachable: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -152,6 +154,8 @@ impl EngineSwarm {
             let setup = EngineSetup {
                 seed: config.setup.seed ^ (u64::from(id) << 32 | u64::from(id)),
                 upload_cap: config.upload_caps.get(id as usize).copied().unwrap_or(0),
+                accepts_connections: config.setup.accepts_connections
+                    && !config.unreachable.contains(&id),
                 wall_ms_at_zero: 0,
                 ..config.setup.clone()
             };
@@ -335,6 +339,7 @@ impl EngineSwarm {
             heartbeat_ms: 1000,
             gossip_ms,
             upload_caps: Vec::new(),
+            unreachable: Vec::new(),
         };
         EngineSwarm::new(scenario, config)
     }

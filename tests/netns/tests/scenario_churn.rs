@@ -1,5 +1,5 @@
-//! Churn soak, short version: six `murmur run` peers training with SGP in
-//! network namespaces for about two minutes while `murmur local --churn --churn-every 2-5`
+//! Churn soak, short version: six `murmur run` peers training with SGP, and again with
+//! butterfly all-reduce, in network namespaces for about two minutes while `murmur local --churn --churn-every 2-5`
 //! kills one with `kill -9` every 2 to 5 s and restarts it 2 s later, against a churn-free
 //! run of the same steps.
 //!
@@ -19,6 +19,20 @@ fn survivors_keep_averaging_without_leaking_through_two_minutes_of_churn() {
     let options = common::options("churn");
     let out = &options.out;
     let report = churn::run(&options).unwrap_or_else(|error| panic!("{error:#}"));
+    let json = common::passing_json(&report, &options);
+    assert!(
+        report.survivors.iter().any(|s| s.peer == 0),
+        "peer 0 is never killed, so it survives: {json}"
+    );
+    assert!(out.join("churn-rss.png").is_file());
+    let _ = std::fs::remove_dir_all(out);
+}
+
+#[test]
+fn butterfly_survivors_keep_averaging_without_leaking_through_two_minutes_of_churn() {
+    let options = common::options("churn-butterfly");
+    let out = &options.out;
+    let report = churn::run_mode(&options, "butterfly").unwrap_or_else(|error| panic!("{error:#}"));
     let json = common::passing_json(&report, &options);
     assert!(
         report.survivors.iter().any(|s| s.peer == 0),

@@ -443,7 +443,7 @@ impl ButterflySwarm {
                 }
                 self.pump_round(id, group_id)?;
             }
-            self.feed_matchmaker(id, MatchInput::PeerNotLooking(lost))?;
+            self.feed_matchmaker(id, MatchInput::PeerGone(lost))?;
         }
         Ok(())
     }

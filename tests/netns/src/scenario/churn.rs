@@ -1,6 +1,7 @@
-//! Churn soak: a swarm training with SGP (the default mode, made for churn) while `murmur local --churn` kills a
-//! random peer (`kill -9`) every 2 to 5 s and restarts it 2 s later, against a churn-free run
-//! of the same steps on the same network.
+//! Churn soak: a swarm training with SGP (the default mode, made for churn), or with
+//! butterfly all-reduce ([`run_mode`]), while `murmur local --churn` kills a random peer
+//! (`kill -9`) every 2 to 5 s and restarts it 2 s later, against a churn-free run of the
+//! same steps on the same network.
 //!
 //! Acceptance, on the survivors (peers never killed; peer 0 never is): no 10 s without a
 //! completed averaging round, from their first round to their end; no hung process (`murmur
@@ -35,6 +36,8 @@ const RSS_WINDOW_MS: u64 = 10_000;
 /// How one version runs.
 #[derive(Debug, Clone, Copy)]
 struct Plan {
+    /// `averaging.mode`.
+    mode: &'static str,
     peers: usize,
     steps: u64,
     synthetic_step_ms: u64,
@@ -53,9 +56,10 @@ struct Plan {
 impl Plan {
     /// The long version trains 30 minutes (9,000 steps of at least 200 ms), the short one
     /// 2 minutes (600 steps); a step is synthetic, so the pace is the config's, not the CPU's.
-    fn new(long: bool) -> Plan {
+    fn new(long: bool, mode: &'static str) -> Plan {
         if long {
             Plan {
+                mode,
                 peers: 8,
                 steps: 9000,
                 synthetic_step_ms: 200,
@@ -65,6 +69,7 @@ impl Plan {
             }
         } else {
             Plan {
+                mode,
                 peers: 6,
                 steps: 600,
                 synthetic_step_ms: 200,
@@ -78,7 +83,7 @@ impl Plan {
     fn args(&self, churn: bool) -> Vec<String> {
         let mut args: Vec<String> = [
             "--mode",
-            "sgp",
+            self.mode,
             "--steps",
             &self.steps.to_string(),
             "--synthetic-step-ms",
@@ -150,9 +155,14 @@ pub struct ChurnReport {
     pub survivors: Vec<Survivor>,
 }
 
-/// Runs the scenario: a churn-free run, then the churn run, on one network.
+/// Runs the scenario with SGP: a churn-free run, then the churn run, on one network.
 pub fn run(options: &ScenarioOptions) -> anyhow::Result<ChurnReport> {
-    let plan = Plan::new(options.long);
+    run_mode(options, "sgp")
+}
+
+/// Runs the scenario in `averaging.mode = mode`.
+pub fn run_mode(options: &ScenarioOptions, mode: &'static str) -> anyhow::Result<ChurnReport> {
+    let plan = Plan::new(options.long, mode);
     let link = LinkShape {
         rate_bits_per_sec: Some(100_000_000),
         delay: Duration::from_millis(if options.long { 10 } else { 5 }),

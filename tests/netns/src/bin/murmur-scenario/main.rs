@@ -28,6 +28,7 @@ const SCENARIOS: &[&str] = &[
     "convergence",
     "partition",
     "churn",
+    "churn-butterfly",
 ];
 
 fn main() -> ExitCode {
@@ -73,6 +74,9 @@ fn main() -> ExitCode {
         "convergence" => convergence::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "partition" => partition::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
         "churn" => churn::run(&options).map(|r| Box::new(r) as Box<dyn Report>),
+        "churn-butterfly" => {
+            churn::run_mode(&options, "butterfly").map(|r| Box::new(r) as Box<dyn Report>)
+        }
         _ => return usage(&format!("no scenario named {name:?}")),
     };
     match report {
