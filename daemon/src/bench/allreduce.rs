@@ -17,6 +17,7 @@
 //! unless `--free-start`.
 
 use std::io::{BufRead as _, BufReader};
+use std::path::Path;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -299,7 +300,27 @@ fn run_peers(
     children.release();
     drop(children);
     let logs = args.keep_logs.then(|| dir.root());
+    if let Some(logs) = logs {
+        write_round_lines(&logs.join("rounds.jsonl"), &rounds)?;
+    }
     report(args, variant, stream_bps, &rounds, discovery_s, logs)
+}
+
+/// Every peer's round lines, one JSON object a line with the peer's index added: what the
+/// summary's per-round medians are made of.
+fn write_round_lines(path: &Path, rounds: &[Vec<Option<Value>>]) -> anyhow::Result<()> {
+    let mut out = String::new();
+    for (index, line) in rounds
+        .iter()
+        .flat_map(|peers| peers.iter().enumerate())
+        .filter_map(|(index, line)| Some((index, line.as_ref()?)))
+    {
+        let mut line = line.clone();
+        line["peer"] = json!(index);
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// One libp2p tensor stream's throughput on this machine, bytes per second (median).

@@ -270,7 +270,8 @@ impl Meter {
     /// Emits round `self.round` with the values it ended on, and starts the next.
     fn emit_round(&mut self, values: &[f32], exact: &[f64]) {
         let sent_now = self.net.metrics().snapshot().tensor_bytes_sent;
-        let (time_s, coverage, coverage_all, group, given_up) = match self.last.take() {
+        let last = self.last.take();
+        let (time_s, coverage, coverage_all, group, given_up) = match &last {
             Some(r) => (
                 r.finished_after.as_secs_f64(),
                 r.coverage,
@@ -285,6 +286,8 @@ impl Meter {
         emit(json!({
             "event": "round",
             "round": self.round,
+            // The swarm's round number this average was for (none for a round alone).
+            "swarm_round": last.as_ref().map(|r| r.round),
             "time_s": time_s,
             "until_idle_s": self.since.elapsed().as_secs_f64(),
             "began_unix_s": finished - time_s,

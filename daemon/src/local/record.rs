@@ -105,6 +105,8 @@ pub(crate) struct PeerRecord {
     current: Counters,
     earlier: Counters,
     last_progress: Option<(f64, u64)>,
+    /// `(wall_s, samples over every run)` at each progress and at `done`.
+    pub(crate) samples_seen: Vec<(f64, u64)>,
 }
 
 impl PeerRecord {
@@ -160,6 +162,7 @@ impl PeerRecord {
                     bytes_received: p.bytes_received,
                     raw_bytes: self.current.raw_bytes,
                 };
+                self.samples_seen.push((wall_s, self.totals().samples));
                 Some(Reading {
                     step: Some(p.step),
                     loss,
@@ -196,6 +199,7 @@ impl PeerRecord {
                 self.eval_loss = d.final_eval_loss.or(self.eval_loss);
                 self.done = Some(d.clone());
                 self.done_wall_s = Some(wall_s);
+                self.samples_seen.push((wall_s, self.totals().samples));
                 Some(Reading {
                     step: Some(d.step),
                     eval_loss: d.final_eval_loss,

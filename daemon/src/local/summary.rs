@@ -36,7 +36,12 @@ pub(crate) struct Summary {
     /// raw f32 bytes / bytes sent, over the whole swarm.
     pub(crate) compression_ratio: Option<f64>,
     pub(crate) samples: u64,
+    /// Samples over the whole run's wall time, start-up and the last peers' tail included.
     pub(crate) samples_per_s: f64,
+    /// The swarm's samples per second while every peer trained: from the moment the last
+    /// peer reported its first samples to the moment the first peer finished (see
+    /// [`steady_samples_per_s`]); what `murmur sim` predicts.
+    pub(crate) steady_samples_per_s: Option<f64>,
     pub(crate) finished: usize,
     pub(crate) failed: usize,
     /// Ctrl-C or the overall time bound stopped the run.
@@ -88,6 +93,41 @@ pub(crate) struct RunFacts<'a> {
 pub(crate) fn fraction_to_floor(initial: f64, final_loss: f64, floor: f64) -> Option<f64> {
     let span = initial - floor;
     (span > 0.0 && final_loss.is_finite()).then(|| (initial - final_loss) / span)
+}
+
+/// The swarm's samples per second while every peer trained: the window runs from the
+/// last peer's first progress with samples to the first peer's end, and each peer's rate
+/// over it comes from its progress lines nearest each edge (at or before it). `None`
+/// when the window is empty or a peer has no line in it.
+pub(crate) fn steady_samples_per_s(records: &[PeerRecord]) -> Option<f64> {
+    let first_samples = |r: &PeerRecord| {
+        r.samples_seen
+            .iter()
+            .find(|&&(_, samples)| samples > 0)
+            .map(|&(at, _)| at)
+    };
+    let mut start = f64::NEG_INFINITY;
+    let mut end = f64::INFINITY;
+    for r in records {
+        start = start.max(first_samples(r)?);
+        end = end.min(r.samples_seen.last()?.0);
+    }
+    let at = |r: &PeerRecord, t: f64| {
+        r.samples_seen
+            .iter()
+            .rev()
+            .find(|&&(at, _)| at <= t)
+            .copied()
+    };
+    let mut total = 0.0;
+    for r in records {
+        let ((t0, s0), (t1, s1)) = (at(r, start)?, at(r, end)?);
+        if t1 <= t0 {
+            return None;
+        }
+        total += s1.saturating_sub(s0) as f64 / (t1 - t0);
+    }
+    (end > start).then_some(total)
 }
 
 fn ratio(raw: u64, sent: u64) -> Option<f64> {
@@ -181,6 +221,7 @@ impl Summary {
             } else {
                 0.0
             },
+            steady_samples_per_s: steady_samples_per_s(records),
             finished,
             failed: peer_results.len() - finished,
             interrupted: facts.interrupted,
@@ -245,11 +286,12 @@ impl Summary {
         );
         let _ = writeln!(
             t,
-            "       {} sent per peer, {} compression, {} samples ({:.0}/s)",
+            "       {} sent per peer, {} compression, {} samples ({:.0}/s; {}/s while all trained)",
             bytes(self.bytes_sent_per_peer),
             times(self.compression_ratio),
             self.samples,
-            self.samples_per_s
+            self.samples_per_s,
+            opt(self.steady_samples_per_s, 0)
         );
         for p in self.peer_results.iter().filter(|p| p.status == "failed") {
             let _ = writeln!(
@@ -421,6 +463,34 @@ mod tests {
                 && line.contains("/tmp/x/peer-1/murmur.log"),
             "{line}"
         );
+    }
+
+    fn progress(r: &mut PeerRecord, wall_s: f64, samples: u64) {
+        let line = format!(
+            r#"{{"event":"progress","peer":"p","step":1,"samples":{samples},"loss":2.0,"samples_per_s":0.0,"bytes_sent":0}}"#
+        );
+        r.apply(wall_s, &parse_line(&line).unwrap().unwrap());
+    }
+
+    /// Peer 0 trains 100 samples/s from 1 s; peer 1 starts at 4 s with 40/s and peer 0
+    /// finishes at 10 s: only [4 s, 10 s] counts, where both train, 140 samples/s.
+    #[test]
+    fn the_steady_rate_counts_only_while_every_peer_trains() {
+        let mut fast = PeerRecord::new(0);
+        for t in 1..=10u32 {
+            progress(&mut fast, f64::from(t), u64::from(t - 1) * 100);
+        }
+        let mut slow = PeerRecord::new(1);
+        progress(&mut slow, 2.0, 0);
+        for t in 4..=14u32 {
+            progress(&mut slow, f64::from(t), u64::from(t - 3) * 40);
+        }
+        let rate = steady_samples_per_s(&[fast.clone(), slow.clone()]).unwrap();
+        assert!((rate - 140.0).abs() < 1e-9, "{rate}");
+        // The whole-run figure (what `samples_per_s` says) is lower: start-up and tail.
+        let whole = (900 + 440) as f64 / 14.0;
+        assert!(whole < 100.0);
+        assert_eq!(steady_samples_per_s(&[fast, PeerRecord::new(1)]), None);
     }
 
     #[test]

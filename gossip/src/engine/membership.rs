@@ -15,15 +15,6 @@ use crate::{PeerKey, Time};
 /// Heartbeat intervals of silence after which a peer is taken for gone.
 pub const SILENCE_INTERVALS: f64 = 1.6;
 
-/// A peer silent for this many of its own longest recent heartbeat gaps is overdue (see
-/// [`Membership::overdue`]).
-const OVERDUE_GAPS: u32 = 3;
-/// No peer is overdue sooner than this: gossip relays heartbeats with some jitter.
-const OVERDUE_FLOOR: Duration = Duration::from_millis(300);
-/// A long gap between a peer's heartbeats counts half as much after this long, however
-/// many heartbeats came since: a burst of them says nothing about the next gap.
-const GAP_HALF_LIFE: Duration = Duration::from_secs(5);
-
 /// That a peer is looking for a butterfly group, as its heartbeat says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Looking {
@@ -94,8 +85,6 @@ pub struct Membership<P> {
 struct Member {
     news: Option<Beat>,
     heard: Option<Time>,
-    /// The longest recent gap between its heartbeats, halving every [`GAP_HALF_LIFE`].
-    gap: Option<Duration>,
 }
 
 impl<P: PeerKey> Membership<P> {
@@ -129,27 +118,20 @@ impl<P: PeerKey> Membership<P> {
                 self.members.entry(peer).or_insert(Member {
                     news: None,
                     heard: None,
-                    gap: None,
                 });
                 joined.then_some(Change::Joined(peer))
             }
             MemberEvent::Left(peer) => self.members.remove(&peer).map(|_| Change::Left(peer)),
             MemberEvent::Heartbeat(peer, beat) if peer != self.me => {
-                let previous = self.members.get(&peer).copied();
-                let gap = previous.and_then(|m| {
-                    let gap = now.saturating_since(m.heard?);
-                    let decay = 0.5f64.powf(gap.as_secs_f64() / GAP_HALF_LIFE.as_secs_f64());
-                    Some(m.gap.map_or(gap, |longest| gap.max(longest.mul_f64(decay))))
-                });
+                let joined = !self.members.contains_key(&peer);
                 self.members.insert(
                     peer,
                     Member {
                         news: Some(beat),
                         heard: Some(now),
-                        gap,
                     },
                 );
-                previous.is_none().then_some(Change::Joined(peer))
+                joined.then_some(Change::Joined(peer))
             }
             MemberEvent::Admitted(_) | MemberEvent::Heartbeat(..) => None,
         }
@@ -244,23 +226,10 @@ impl<P: PeerKey> Membership<P> {
         Some(now.saturating_since(heard))
     }
 
-    /// Whether `peer` is silent for longer than its own heartbeats make likely: more than
-    /// [`OVERDUE_GAPS`] times its longest recent gap (at least [`OVERDUE_FLOOR`]), or more
-    /// than `intervals` heartbeat intervals, whichever is shorter. A peer that heartbeats at
-    /// every training step is overdue long before the interval-based limit, which is what
-    /// lets a leader stop waiting for a crashed peer early. `false` for a peer never heard.
-    pub fn overdue(&self, peer: &P, now: Time, intervals: f64) -> bool {
-        let Some(member) = self.members.get(peer) else {
-            return false;
-        };
-        let Some(heard) = member.heard else {
-            return false;
-        };
-        let cap = self.interval.mul_f64(intervals);
-        let limit = member
-            .gap
-            .map_or(cap, |gap| (gap * OVERDUE_GAPS).max(OVERDUE_FLOOR).min(cap));
-        now.saturating_since(heard) > limit
+    /// Whether `peer` is a member heard within `intervals` heartbeat intervals.
+    pub fn fresh(&self, peer: &P, now: Time, intervals: f64) -> bool {
+        self.quiet_for(peer, now)
+            .is_some_and(|quiet| quiet <= self.interval.mul_f64(intervals))
     }
 
     /// Whether every member has been heard from.
@@ -335,63 +304,6 @@ mod tests {
         assert_eq!(gone, [1]);
         assert!(!m.contains(&1));
         assert!(m.contains(&2), "never heard from: left to its connection");
-    }
-
-    #[test]
-    fn a_peer_is_overdue_after_a_few_of_its_own_gaps_and_never_later_than_the_cap() {
-        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
-        // Peer 1 beats every 200 ms (at every step); peer 2 once a second; peer 3 once.
-        for k in 0..=10 {
-            m.note(
-                at(f64::from(k) * 0.2),
-                MemberEvent::Heartbeat(1, beat(0, 0)),
-            );
-        }
-        for k in 0..=2 {
-            m.note(at(f64::from(k)), MemberEvent::Heartbeat(2, beat(0, 0)));
-        }
-        m.note(at(2.0), MemberEvent::Heartbeat(3, beat(0, 0)));
-        m.note(at(2.0), MemberEvent::Admitted(4));
-        assert!(
-            !m.overdue(&1, at(2.5), 1.25),
-            "500 ms is within 3 gaps of 200 ms"
-        );
-        assert!(
-            m.overdue(&1, at(2.7), 1.25),
-            "700 ms is past 3 gaps of 200 ms"
-        );
-        assert!(
-            !m.overdue(&2, at(3.2), 1.25),
-            "its gaps are a second: the cap rules"
-        );
-        assert!(m.overdue(&2, at(3.3), 1.25), "past 1.25 intervals");
-        assert!(
-            !m.overdue(&3, at(3.2), 1.25),
-            "one heartbeat: no gap known, the cap rules"
-        );
-        assert!(m.overdue(&3, at(3.3), 1.25));
-        assert!(!m.overdue(&4, at(9.0), 1.25), "never heard: not overdue");
-        // One long gap raises the bar at once; a burst of heartbeats does not lower it.
-        m.note(at(3.0), MemberEvent::Heartbeat(1, beat(0, 0)));
-        for k in 1..=20 {
-            m.note(
-                at(3.0 + f64::from(k) * 1e-3),
-                MemberEvent::Heartbeat(1, beat(0, 0)),
-            );
-        }
-        assert!(!m.overdue(&1, at(4.2), 1.25), "a gap of 1 s was just seen");
-        assert!(m.overdue(&1, at(4.3), 1.25), "the cap still holds");
-        // It fades with time: 10 s of heartbeats every 200 ms bring the bar back down.
-        for k in 1..=50 {
-            m.note(
-                at(3.02 + f64::from(k) * 0.2),
-                MemberEvent::Heartbeat(1, beat(0, 0)),
-            );
-        }
-        assert!(
-            m.overdue(&1, at(13.02 + 0.8), 1.25),
-            "3 gaps of about 250 ms"
-        );
     }
 
     #[test]

@@ -446,8 +446,9 @@ impl<P: PeerKey> RoundEngine<P> {
 
     /// The group a leader waits for before its deadline: `target_group`, or this peer and
     /// every member whose heartbeat says it is at this round or the one before (it will be
-    /// ready soon), if fewer. A member not heard since it (re)joined, overdue
-    /// ([`Membership::overdue`], at most [`QUIET_INTERVALS`]), far behind, already past this round, looking for a group of
+    /// ready soon), if fewer. A member not heard since it (re)joined or for longer than
+    /// [`QUIET_INTERVALS`] (an idle peer heartbeats once an interval: a shorter bound
+    /// would leave out live peers that are still finishing a round), far behind, already past this round, looking for a group of
     /// another round, or in another group of this one is not waited for: it joins a later
     /// round.
     fn expected_group(&self) -> usize {
@@ -455,7 +456,7 @@ impl<P: PeerKey> RoundEngine<P> {
         let near = self
             .membership
             .heard()
-            .filter(|(peer, _)| !self.membership.overdue(peer, self.now, QUIET_INTERVALS))
+            .filter(|(peer, _)| self.membership.fresh(peer, self.now, QUIET_INTERVALS))
             .filter(|(_, beat)| beat.step == round || beat.step + 1 == round)
             // One looking in another round is bound to it until its own deadline.
             .filter(|(_, beat)| beat.looking.is_none_or(|l| l.round == round))
