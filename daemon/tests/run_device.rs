@@ -77,7 +77,10 @@ fn auto_trains_on_the_cpu_after_one_log_line() {
         "{metrics}"
     );
 
-    let log = running.log();
+    let log = running.log_once("the ready log line", Duration::from_secs(10), |log| {
+        log.lines()
+            .any(|line| line.contains("ready") && line.contains("device=cpu"))
+    });
     let about_the_device: Vec<&str> = log
         .lines()
         .filter(|line| line.contains("training.device"))
@@ -86,11 +89,6 @@ fn auto_trains_on_the_cpu_after_one_log_line() {
     assert!(
         about_the_device[0].contains("training on the CPU")
             && about_the_device[0].contains("without CUDA"),
-        "{log}"
-    );
-    assert!(
-        log.lines()
-            .any(|line| line.contains("ready") && line.contains("device=cpu")),
         "{log}"
     );
 }

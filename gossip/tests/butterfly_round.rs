@@ -67,6 +67,8 @@ struct Settled {
     reports: Vec<Option<CoverageReport<u32>>>,
     /// Sends to the skipped member, never acknowledged: sender, destination, payload.
     held: Vec<(usize, u32, PayloadRef)>,
+    /// What those sends carried, in the same order.
+    held_wires: Vec<Wire>,
 }
 
 /// Delivers every output at once, acknowledging each send right after taking its bytes,
@@ -76,6 +78,7 @@ fn exchange(rounds: &mut [ButterflyRound<u32>], skip: Option<usize>) -> Settled 
     let mut moved = 0;
     let mut reports = vec![None; rounds.len()];
     let mut held = Vec::new();
+    let mut held_wires = Vec::new();
     // Every chunk is sent once; the bound only stops a runaway loop.
     for _ in 0..100_000 {
         let mut wires = VecDeque::new();
@@ -104,8 +107,18 @@ fn exchange(rounds: &mut [ButterflyRound<u32>], skip: Option<usize>) -> Settled 
                     }
                 };
                 let payload = round.payload(wire_payload).expect("current").to_vec();
+                let wire = Wire {
+                    from: i,
+                    to: to as usize,
+                    averaged,
+                    address,
+                    weight,
+                    contributors,
+                    payload,
+                };
                 if Some(to as usize) == skip {
                     held.push((i, to, wire_payload));
+                    held_wires.push(wire);
                     continue;
                 }
                 round
@@ -117,15 +130,7 @@ fn exchange(rounds: &mut [ButterflyRound<u32>], skip: Option<usize>) -> Settled 
                         },
                     )
                     .expect("ack");
-                wires.push_back(Wire {
-                    from: i,
-                    to: to as usize,
-                    averaged,
-                    address,
-                    weight,
-                    contributors,
-                    payload,
-                });
+                wires.push_back(wire);
             }
         }
         if wires.is_empty() {
@@ -133,34 +138,41 @@ fn exchange(rounds: &mut [ButterflyRound<u32>], skip: Option<usize>) -> Settled 
                 moved,
                 reports,
                 held,
+                held_wires,
             };
         }
         for wire in wires {
             moved += 1;
-            let input = if wire.averaged {
-                RoundInput::AveragedChunk {
-                    from: wire.from as u32,
-                    address: wire.address,
-                    contributors: wire.contributors,
-                    total_weight: wire.weight,
-                    codec: CodecSpec::F32,
-                    payload: &wire.payload,
-                }
-            } else {
-                RoundInput::PartChunk {
-                    from: wire.from as u32,
-                    address: wire.address,
-                    weight: wire.weight,
-                    codec: CodecSpec::F32,
-                    payload: &wire.payload,
-                }
-            };
-            rounds[wire.to]
-                .handle(Time::ZERO, input)
-                .expect("well-formed");
+            deliver(rounds, &wire);
         }
     }
     panic!("the exchange did not settle");
+}
+
+fn deliver(rounds: &mut [ButterflyRound<u32>], wire: &Wire) {
+    {
+        let input = if wire.averaged {
+            RoundInput::AveragedChunk {
+                from: wire.from as u32,
+                address: wire.address,
+                contributors: wire.contributors,
+                total_weight: wire.weight,
+                codec: CodecSpec::F32,
+                payload: &wire.payload,
+            }
+        } else {
+            RoundInput::PartChunk {
+                from: wire.from as u32,
+                address: wire.address,
+                weight: wire.weight,
+                codec: CodecSpec::F32,
+                payload: &wire.payload,
+            }
+        };
+        rounds[wire.to]
+            .handle(Time::ZERO, input)
+            .expect("well-formed");
+    }
 }
 
 fn expected(n: usize, e: usize) -> f64 {
@@ -332,6 +344,68 @@ fn a_lost_member_is_given_up_without_waiting() {
             .expect("a late report");
         assert!(rounds[from].is_idle());
     }
+}
+
+/// A member that only went quiet (late heartbeats) is not waited for, but it is still sent
+/// the averages it is owed: when it turns out alive it finishes with the others' parts
+/// averaged, instead of waiting out its reducer timeout.
+#[test]
+fn a_quiet_member_is_not_waited_for_but_still_served() {
+    let mut rounds = rounds(3);
+    for round in rounds.iter_mut().take(2) {
+        round
+            .handle(Time::ZERO, RoundInput::MemberQuiet(2))
+            .expect("quiet member");
+    }
+    let reports = exchange(&mut rounds, None).reports;
+    for m in 0..2 {
+        let report = reports[m].as_ref().expect("finished");
+        assert_eq!(report.fallback_reducers(), vec![2], "member {m}");
+        // Member 2's contribution is left out of the parts of members 0 and 1.
+        for e in report.parts[m].elements.clone() {
+            let mean = (f64::from(local(0)[e]) + 2.0 * f64::from(local(1)[e])) / 3.0;
+            assert!((f64::from(rounds[m].result()[e]) - mean).abs() < 1e-5);
+        }
+    }
+    let report = reports[2].as_ref().expect("the quiet member finishes too");
+    assert!(report.fallback_reducers().is_empty(), "{report:?}");
+    assert_eq!(report.parts[0].outcome, PartOutcome::Averaged);
+    assert_eq!(report.parts[1].outcome, PartOutcome::Averaged);
+    assert!(rounds.iter().all(ButterflyRound::is_idle));
+}
+
+/// The same once the others have finished and taken their vectors out before the quiet
+/// member hears anything: what they still owe it was encoded then, and goes out as their
+/// windows to it free up.
+#[test]
+fn a_quiet_member_is_still_served_after_the_others_took_their_vectors() {
+    let mut rounds = rounds(3);
+    for round in rounds.iter_mut().take(2) {
+        round
+            .handle(Time::ZERO, RoundInput::MemberQuiet(2))
+            .expect("quiet member");
+    }
+    let first = exchange(&mut rounds, Some(2));
+    for (m, round) in rounds.iter_mut().enumerate().take(2) {
+        assert!(round.is_finished(), "member {m}");
+        round.take_buffers();
+        assert!(!round.is_idle(), "member {m} still owes member 2");
+    }
+    // Member 2 wakes: what was on the wire arrives, and its senders hear it left.
+    for ((from, to, payload), wire) in first.held.into_iter().zip(&first.held_wires) {
+        deliver(&mut rounds, wire);
+        rounds[from]
+            .handle(Time::ZERO, RoundInput::Sent { to, payload })
+            .expect("ack");
+    }
+    let reports = exchange(&mut rounds, None).reports;
+    let report = reports[2].as_ref().expect("the quiet member finishes");
+    assert!(report.fallback_reducers().is_empty(), "{report:?}");
+    // Its own part averages all three members: every part chunk reached it.
+    for e in report.parts[2].elements.clone() {
+        assert!((f64::from(rounds[2].result()[e]) - expected(3, e)).abs() < 1e-5);
+    }
+    assert!(rounds.iter().all(ButterflyRound::is_idle));
 }
 
 /// A member whose own part is reduced before it has sent its part chunks still sends them:

@@ -305,3 +305,54 @@ fn crashed_leaders_cost_no_survivor_a_round_alone() {
         "rounds alone per seed: {alone:?}"
     );
 }
+
+/// The member with the fastest uplink reduces every element (the others are too slow to
+/// help, see `butterfly::partition`): its result is complete as soon as its own part is,
+/// with most of its averages still waiting for room in its send windows (32 chunks, 4 in
+/// flight per destination). A finished round still sends them: no member gives up on a
+/// live reducer, through a crash of one of them at many moments of the round cycle too.
+#[test]
+fn a_member_that_finishes_first_still_sends_all_its_averages() {
+    let mut given_up = Vec::new();
+    for seed in 0..12u64 {
+        let mut s = scenario(4, seed);
+        s.churn = vec![ChurnEvent::Crash {
+            at_ms: 1_500.0 + seed as f64 * 13.0,
+            peer: 2,
+        }];
+        let mode = ModeSettings::Butterfly {
+            target_batch: 4 * 32,
+            butterfly: ButterflyConfig {
+                chunk_elements: 128,
+                ..butterfly_config(16)
+            },
+        };
+        let mut config = config(mode, CodecSpec::F32);
+        config.upload_caps = vec![2_000_000, 2_000_000, 2_000_000, 8_000_000];
+        let mut swarm = EngineSwarm::new(&s, config).unwrap();
+        run(&mut swarm, 5.0);
+        let reports = swarm.round_reports();
+        let survivors_rounds = reports
+            .iter()
+            .filter(|(p, r)| *p != 2 && r.round > 20)
+            .count();
+        assert!(
+            survivors_rounds > 60,
+            "seed {seed}: {survivors_rounds} rounds"
+        );
+        given_up.extend(
+            reports
+                .iter()
+                .flat_map(|(p, r)| {
+                    r.silent_reducers
+                        .iter()
+                        .map(move |s| (seed, *p, r.round, *s))
+                })
+                .filter(|&(_, _, _, silent)| silent != 2),
+        );
+    }
+    assert!(
+        given_up.is_empty(),
+        "(seed, peer, round, live reducer given up): {given_up:?}"
+    );
+}

@@ -532,6 +532,28 @@ impl RunningPeer {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log once `pred` holds for it (the log is written apart from the progress
+    /// lines, so a line may land a moment after the progress line that follows it),
+    /// polled until `within` has passed; panics naming `what` if it never does.
+    pub(crate) fn log_once(
+        &self,
+        what: &str,
+        within: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            let log = self.log();
+            if pred(&log) {
+                return log;
+            }
+            if Instant::now() >= deadline {
+                self.fail(&format!("{what}: not in the log by the deadline"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Panics with `why`, the last progress lines and the end of the log.
     pub(crate) fn fail(&self, why: &str) -> ! {
         let lines: Vec<String> = self

@@ -42,6 +42,8 @@ struct Destination {
     next_part_chunk: usize,
     next_average: usize,
     lost: bool,
+    /// Quiet, not known gone: not waited for, but still sent its part chunks.
+    quiet: bool,
 }
 
 /// One member's butterfly all-reduce round, as a sans-IO state machine.
@@ -69,6 +71,9 @@ pub struct ButterflyRound<P> {
     reduction: Reduction,
     ready: Vec<u32>,
     destinations: Vec<Destination>,
+    /// Part chunks still owed to quiet members once the vectors were taken out, encoded
+    /// then, per destination: chunk index and payload.
+    owed: Vec<VecDeque<(usize, PayloadRef)>>,
     pool: PayloadPool,
     averages: EncodedAverages,
     outputs: VecDeque<RoundOutput<P>>,
@@ -77,8 +82,8 @@ pub struct ButterflyRound<P> {
     stats: RoundStats,
     /// Error feedback, when on and the codec is lossy.
     feedback: Option<Feedback>,
-    /// The vectors were taken out ([`ButterflyRound::take_buffers`]): only averages
-    /// already encoded still go out.
+    /// The vectors were taken out ([`ButterflyRound::take_buffers`]): only averages and
+    /// part chunks already encoded still go out.
     closed: bool,
 }
 
@@ -202,6 +207,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             reduction,
             ready: Vec::new(),
             destinations: vec![Destination::default(); group.len()],
+            owed: (0..group.len()).map(|_| VecDeque::new()).collect(),
             pool: PayloadPool::default(),
             averages,
             outputs: VecDeque::new(),
@@ -286,6 +292,15 @@ impl<P: PeerKey> ButterflyRound<P> {
         }
         for i in 0..self.ready.len() {
             self.encode_average(self.ready[i] as usize);
+        }
+        // A quiet member may be alive: it still gets the rest of its part.
+        for d in 0..self.destinations.len() {
+            while !self.destinations[d].lost && self.owes_part_chunks(d) {
+                let chunk = self.destinations[d].next_part_chunk;
+                self.destinations[d].next_part_chunk += 1;
+                let payload = self.encode_part_chunk(d, chunk);
+                self.owed[d].push_back((chunk, payload));
+            }
         }
         self.closed = true;
         self.finished = true;
@@ -390,6 +405,13 @@ impl<P: PeerKey> ButterflyRound<P> {
                     self.fall_back(d);
                 }
             }
+            RoundInput::MemberQuiet(peer) => {
+                if let Some(d) = self.group.index_of(peer).filter(|&d| d != self.me) {
+                    self.destinations[d].quiet = true;
+                    self.drop_sender(d);
+                    self.fall_back(d);
+                }
+            }
             RoundInput::Tick => {
                 let silent: Vec<usize> = self
                     .reduction
@@ -431,12 +453,15 @@ impl<P: PeerKey> ButterflyRound<P> {
             RoundInput::MemberLost(peer) => {
                 if let Some(d) = self.group.index_of(peer).filter(|&d| d != self.me) {
                     self.destinations[d].lost = true;
+                    while let Some((_, payload)) = self.owed[d].pop_front() {
+                        self.pool.release(payload);
+                    }
                 }
             }
             RoundInput::PartChunk { .. } | RoundInput::AveragedChunk { .. } => {
                 self.stats.chunks_ignored += 1;
             }
-            RoundInput::Tick => {}
+            RoundInput::MemberQuiet(_) | RoundInput::Tick => {}
         }
         self.pump();
         Ok(())
@@ -624,12 +649,18 @@ impl<P: PeerKey> ButterflyRound<P> {
     fn has_work(&self, d: usize) -> bool {
         let dest = &self.destinations[d];
         if self.closed {
-            return d != self.me && dest.next_average < self.ready.len();
+            return d != self.me
+                && (dest.next_average < self.ready.len() || !self.owed[d].is_empty());
         }
-        d != self.me
-            && (dest.next_average < self.ready.len()
-                || (self.parts[d].state == PartState::Pending
-                    && dest.next_part_chunk < self.parts[d].layout.chunks()))
+        d != self.me && (dest.next_average < self.ready.len() || self.owes_part_chunks(d))
+    }
+
+    /// Whether part chunks are left to send to `d`: while its part is pending here, or
+    /// while it is quiet (its part fell back here, but it may be alive and reducing).
+    fn owes_part_chunks(&self, d: usize) -> bool {
+        let dest = &self.destinations[d];
+        (self.parts[d].state == PartState::Pending || dest.quiet)
+            && dest.next_part_chunk < self.parts[d].layout.chunks()
     }
 
     /// Whether the next chunk for destination `d` is an average rather than a part chunk.
@@ -648,9 +679,8 @@ impl<P: PeerKey> ButterflyRound<P> {
         if self.closed {
             return true;
         }
-        let part = &self.parts[d];
-        let part_chunks = part.layout.chunks();
-        let parts_left = part.state == PartState::Pending && dest.next_part_chunk < part_chunks;
+        let part_chunks = self.parts[d].layout.chunks();
+        let parts_left = self.owes_part_chunks(d);
         // averages sent / own chunks ≤ part chunks sent / part chunks, cross-multiplied.
         !parts_left
             || dest.next_average * part_chunks
@@ -672,6 +702,8 @@ impl<P: PeerKey> ButterflyRound<P> {
                 {
                     if self.average_next(d) {
                         self.send_average(d);
+                    } else if self.closed {
+                        self.send_owed(d);
                     } else {
                         self.send_part_chunk(d);
                     }
@@ -729,15 +761,37 @@ impl<P: PeerKey> ButterflyRound<P> {
     }
 
     fn send_part_chunk(&mut self, d: usize) {
-        let dest = &mut self.destinations[d];
-        let chunk = dest.next_part_chunk;
-        dest.next_part_chunk += 1;
-        dest.in_flight += 1;
-        let layout = &self.parts[d].layout;
-        let range = layout.global(chunk);
-        let address = address(self.group.group_id, d, chunk, layout);
+        let chunk = self.destinations[d].next_part_chunk;
+        self.destinations[d].next_part_chunk += 1;
+        let payload = self.encode_part_chunk(d, chunk);
+        self.push_part_chunk(d, chunk, payload);
+    }
+
+    /// Sends the next part chunk encoded for `d` when the vectors were taken out.
+    fn send_owed(&mut self, d: usize) {
+        if let Some((chunk, payload)) = self.owed[d].pop_front() {
+            self.push_part_chunk(d, chunk, payload);
+        }
+    }
+
+    fn push_part_chunk(&mut self, d: usize, chunk: usize, payload: PayloadRef) {
+        self.destinations[d].in_flight += 1;
+        let address = address(self.group.group_id, d, chunk, &self.parts[d].layout);
+        self.stats.part_chunks_sent += 1;
+        self.outputs.push_back(RoundOutput::SendPartChunk {
+            to: self.group.members()[d],
+            address,
+            weight: self.weight,
+            payload,
+        });
+    }
+
+    /// This member's copy of chunk `chunk` of part `d`, encoded (with error feedback when
+    /// on).
+    fn encode_part_chunk(&mut self, d: usize, chunk: usize) -> PayloadRef {
+        let range = self.parts[d].layout.global(chunk);
         let values = &self.local[range.clone()];
-        let payload = match self
+        match self
             .feedback
             .as_mut()
             .filter(|_| self.codec.spec() != CodecSpec::F32)
@@ -756,14 +810,7 @@ impl<P: PeerKey> ButterflyRound<P> {
                 reference
             }
             None => encode(&mut self.codec, &mut self.pool, values),
-        };
-        self.stats.part_chunks_sent += 1;
-        self.outputs.push_back(RoundOutput::SendPartChunk {
-            to: self.group.members()[d],
-            address,
-            weight: self.weight,
-            payload,
-        });
+        }
     }
 
     fn check_finished(&mut self, now: Time) {

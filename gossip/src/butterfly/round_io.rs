@@ -51,6 +51,10 @@ pub enum RoundInput<'a, P> {
     /// The transport lost its connection to a member: stop waiting for it as a sender and
     /// as a reducer now, without waiting for the timeouts.
     MemberLost(P),
+    /// A member went quiet (its heartbeats are late) but is not known to be gone: stop
+    /// waiting for it as a sender and as a reducer, and keep sending it what it is owed.
+    /// A live member that got nothing would wait out its reducer timeout.
+    MemberQuiet(P),
     /// The time returned by [`ButterflyRound::poll_timeout`] has come.
     Tick,
 }

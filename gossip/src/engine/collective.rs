@@ -307,6 +307,18 @@ impl<P: PeerKey> Collective<P> {
         Ok(())
     }
 
+    /// A member went quiet: stop waiting for it, but keep serving it (butterfly; the ring
+    /// waits out its bound).
+    pub(crate) fn member_quiet(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
+        if let Machine::Butterfly(r) = &mut self.machine
+            && self.members.contains(&peer)
+        {
+            r.handle(now, RoundInput::MemberQuiet(peer))?;
+        }
+        self.note_end(now);
+        Ok(())
+    }
+
     /// Timers.
     pub(crate) fn tick(&mut self, now: Time) -> Result<(), EngineError> {
         match &mut self.machine {

@@ -137,6 +137,16 @@ impl<P: PeerKey> Membership<P> {
         }
     }
 
+    /// Something other than a heartbeat came from `peer` (a chunk, a group message): it is
+    /// alive, whatever its heartbeats say. A member busy in a round, or one whose
+    /// heartbeats queue behind its own chunks, is not taken for quiet or gone. Peers not in
+    /// the table stay out of it: admission is the network layer's.
+    pub fn heard_from(&mut self, peer: &P, now: Time) {
+        if let Some(member) = self.members.get_mut(peer) {
+            member.heard = Some(member.heard.map_or(now, |h| h.max(now)));
+        }
+    }
+
     /// When [`Membership::beat_due`] or [`Membership::silent`] next has work.
     pub fn poll_timeout(&self) -> Time {
         self.next_beat.min(self.next_check)
@@ -304,6 +314,21 @@ mod tests {
         assert_eq!(gone, [1]);
         assert!(!m.contains(&1));
         assert!(m.contains(&2), "never heard from: left to its connection");
+    }
+
+    #[test]
+    fn a_peer_heard_through_its_parcels_is_not_silent() {
+        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
+        m.note(at(0.0), MemberEvent::Heartbeat(1, beat(0, 0)));
+        m.heard_from(&1, at(1.0));
+        m.heard_from(&9, at(1.0));
+        let mut gone = Vec::new();
+        m.silent(at(2.0), &mut gone);
+        assert!(gone.is_empty(), "a chunk at 1.0 s is a sign of life");
+        assert_eq!(m.quiet_for(&1, at(2.0)), Some(SECOND));
+        assert!(!m.contains(&9), "a parcel admits nobody");
+        m.silent(at(2.7), &mut gone);
+        assert_eq!(gone, [1]);
     }
 
     #[test]

@@ -683,6 +683,10 @@ impl<P: PeerKey> RoundEngine<P> {
                 self.next_work();
             }
         }
+        // A finished round still owes the others the averages its windows held back.
+        for collective in &mut self.draining {
+            collective.drain(now, &mut self.next_tag, &mut self.spares, &mut self.outputs);
+        }
         self.collect_drained();
         Ok(())
     }
@@ -925,7 +929,9 @@ impl<P: PeerKey> RoundEngine<P> {
     /// A member of the running round whose heartbeats stopped for [`QUIET_INTERVALS`] is not
     /// waited for in it (its part keeps local values, its contribution is left out), before
     /// the membership gives it up: a crashed member costs the round that much, not the
-    /// sender and reducer timeouts.
+    /// sender and reducer timeouts. It is still sent its share: a member whose heartbeats
+    /// are merely late (a busy host, a congested link) finishes the round with the others
+    /// instead of waiting out its reducer timeout.
     fn stop_waiting_for_quiet(&mut self, now: Time) -> Result<(), EngineError> {
         let Some(collective) = &mut self.collective else {
             return Ok(());
@@ -943,8 +949,13 @@ impl<P: PeerKey> RoundEngine<P> {
             })
             .collect();
         for member in newly {
+            tracing::debug!(
+                ?member,
+                round = self.round,
+                "not waiting for a quiet member"
+            );
             self.quiet_in_round.insert(member);
-            collective.member_lost(now, member)?;
+            collective.member_quiet(now, member)?;
         }
         Ok(())
     }
@@ -1053,7 +1064,10 @@ impl<P: PeerKey> Engine<P> for RoundEngine<P> {
         self.now = now;
         match input {
             EngineInput::WorkDone(done) => self.on_work_done(now, done)?,
-            EngineInput::Parcel { from, parcel } => self.on_parcel(now, from, parcel)?,
+            EngineInput::Parcel { from, parcel } => {
+                self.membership.heard_from(&from, now);
+                self.on_parcel(now, from, parcel)?
+            }
             EngineInput::Sent {
                 to,
                 tag,

@@ -380,7 +380,10 @@ impl<P: PeerKey> Engine<P> for SgpEngine<P> {
     fn handle(&mut self, now: Time, input: EngineInput<P>) -> Result<(), EngineError> {
         match input {
             EngineInput::WorkDone(done) => self.on_work_done(now, done)?,
-            EngineInput::Parcel { from, parcel } => self.on_parcel(now, from, parcel)?,
+            EngineInput::Parcel { from, parcel } => {
+                self.membership.heard_from(&from, now);
+                self.on_parcel(now, from, parcel)?
+            }
             EngineInput::Sent {
                 to,
                 tag,

@@ -361,6 +361,7 @@ impl<E: Engine<PeerId>> Driver<E> {
                 EngineOutput::Send { to, tag, parcel } => {
                     if let Err(parcel) = self.io.outbox.send(to, tag, parcel) {
                         // The destination's queue is full: the parcel never left.
+                        tracing::debug!(peer = %to, "the destination's queue is full; parcel not sent");
                         let now = self.clock.now();
                         let input = EngineInput::Sent {
                             to,
