@@ -110,3 +110,74 @@ fn two_peers_train_and_report_json() {
         assert!(out.join(format!("peer-{peer}/murmur.log")).is_file());
     }
 }
+
+/// Runs four butterfly peers for `steps`, peer 1 sending its gradients sign-flipped ×1000
+/// (the test-only fault switch), with `extra` flags; returns the honest peers' final eval
+/// losses, the initial one, and the contributions the honest peers' reducers set aside.
+fn flipped_run(steps: &str, extra: &[&str]) -> (Vec<f64>, f64, u64) {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("swarm");
+    let mut args = vec![
+        "--peers",
+        "4",
+        "--mode",
+        "butterfly",
+        "--steps",
+        steps,
+        "--fault",
+        "1:flip:1000",
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let result = murmur_local(&args);
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "{extra:?}: exit {:?}\nstdout: {stdout}\nstderr: {}",
+        result.status,
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    let honest = [0, 2, 3];
+    let losses = summary["peer_results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| honest.contains(&p["peer"].as_u64().unwrap()))
+        .map(|p| p["final_eval_loss"].as_f64().unwrap())
+        .collect();
+    let mut rejected = 0;
+    for peer in honest {
+        let lines = std::fs::read_to_string(out.join(format!("peer-{peer}/progress.jsonl")))
+            .expect("progress lines");
+        for line in lines.lines() {
+            let line: serde_json::Value = serde_json::from_str(line).unwrap();
+            if line["event"] == "round" {
+                rejected += line["contributions_rejected"].as_u64().unwrap();
+            }
+        }
+    }
+    let initial = summary["initial_eval_loss"].as_f64().unwrap();
+    (losses, initial, rejected)
+}
+
+/// CenteredClip between real processes: with `--clip` the honest reducers set the flipped
+/// contributions aside and the honest peers train; without it the same attack wrecks them.
+#[test]
+fn clipping_sets_a_sign_flipping_peer_aside_and_without_it_the_run_is_wrecked() {
+    let (clipped, initial, rejected) = flipped_run("120", &["--clip", "1.0"]);
+    assert!(rejected > 0, "nothing set aside");
+    assert!(
+        clipped.iter().all(|&l| l < 0.7 * initial),
+        "with clipping the honest peers train: {clipped:?} from {initial}"
+    );
+    let (wrecked, _, rejected) = flipped_run("120", &[]);
+    assert_eq!(rejected, 0, "no clipping, nothing set aside");
+    assert!(
+        wrecked.iter().all(|&l| l > initial),
+        "without clipping the attack wrecks the run: {wrecked:?} from {initial}"
+    );
+}

@@ -140,6 +140,8 @@ impl Progress {
             "coverage_all": round.coverage_all,
             "group": round.group_size,
             "drift": round.drift,
+            "weights_capped": round.weights_capped,
+            "contributions_rejected": round.contributions_rejected,
         }));
     }
 
@@ -156,6 +158,8 @@ impl Progress {
             "coverage_all": 0.0,
             "group": 1,
             "drift": null,
+            "weights_capped": 0,
+            "contributions_rejected": 0,
         }));
     }
 

@@ -19,14 +19,16 @@
 //! Clipping alone cannot remove a minority's pull: at its fixed point `b` contributions far
 //! away each pull with force τ, and `n − b` honest ones at distance ≈ σ pull back with
 //! about τ·δ/σ each, so the result settles at `δ ≈ b·σ/(n − b)` from the honest mean, for
-//! any τ. So after clipping, contributions that still lie more than `reject_factor` times
-//! the median distance from the clipped center are set aside and the rest are clipped
-//! again, from scratch: a sign-flipped ×1000 gradient is thousands of times farther out
-//! than an honest one. Rejection only ever removes a minority, so it cannot be turned
-//! against an honest majority, and an attacker that stays within the threshold is held to
-//! the clipping bound above. Clipping needs all contributions to a chunk at once, so a clipping reducer keeps
-//! each sender's copy of its part until the chunk completes: up to `members × part`
-//! elements instead of `part`. That is why clipping is optional.
+//! any τ; and a τ much wider than the honest spread lets them pull by up to `b·τ/(n − b)`.
+//! So before clipping, contributions that lie more than `reject_factor` times the median
+//! distance from the coordinate-wise median are set aside: a sign-flipped ×1000 gradient is
+//! hundreds of times farther out than an honest one, whatever τ is. Rejection only ever
+//! removes a minority, so it cannot be turned against an honest majority, and an attacker
+//! that stays within the threshold is held to the clipping bound above.
+//!
+//! Clipping needs all contributions to a chunk at once, so a clipping reducer keeps each
+//! sender's copy of its part until the chunk completes: up to `members × part` elements
+//! instead of `part`. That is why clipping is optional.
 
 /// Where the contributions to one chunk lie: row `i` of a `rows × stride` buffer, elements
 /// `range` of each row.
@@ -57,9 +59,8 @@ pub(crate) struct ClipScratch {
 
 /// Writes the CenteredClip average of the rows in `included` (with their `weights`) into
 /// `out`, whose length is the chunk's. `tau` is the clipping radius for the whole chunk;
-/// with `reject_factor > 0`, rows left farther than that many median distances from the
-/// clipped center are set aside and the rest clipped again. Returns how many were set
-/// aside.
+/// with `reject_factor > 0`, rows farther than that many median distances from the
+/// coordinate-wise median are set aside first. Returns how many were set aside.
 #[allow(clippy::too_many_arguments)] // The reducer's buffers, passed apart so none is copied.
 pub(crate) fn centered_clip(
     rows: ChunkRows<'_>,
@@ -75,10 +76,34 @@ pub(crate) fn centered_clip(
     if included.is_empty() {
         return 0;
     }
-    clip_iterations(rows, included, weights, tau, iterations, scratch, out);
-    if reject_factor <= 0.0 || included.len() < 3 {
-        return 0;
+    let rejected = if reject_factor > 0.0 && included.len() >= 3 {
+        set_aside_outliers(rows, included, reject_factor, scratch, out)
+    } else {
+        0
+    };
+    if rejected == 0 {
+        clip_iterations(rows, included, weights, tau, iterations, scratch, out);
+    } else {
+        let kept = std::mem::take(&mut scratch.kept);
+        clip_iterations(rows, &kept, weights, tau, iterations, scratch, out);
+        scratch.kept = kept;
     }
+    rejected
+}
+
+/// Measures every row's distance from the coordinate-wise median (left in `out`) and keeps
+/// in `scratch.kept` those within `reject_factor` times the median distance. The median
+/// is the reference, not a clipped center: a center that clipping let the outliers pull
+/// would hide them behind a radius chosen too wide. Returns how many were set aside; 0
+/// when a majority would be (nothing then tells honest rows from the others).
+fn set_aside_outliers(
+    rows: ChunkRows<'_>,
+    included: &[usize],
+    reject_factor: f32,
+    scratch: &mut ClipScratch,
+    out: &mut [f32],
+) -> usize {
+    median_into(rows, included, &mut scratch.column, out);
     scratch.distances.clear();
     scratch
         .distances
@@ -100,12 +125,9 @@ pub(crate) fn centered_clip(
     );
     let rejected = included.len() - scratch.kept.len();
     // Only a minority may be set aside; otherwise nothing tells honest from not.
-    if rejected == 0 || 2 * scratch.kept.len() <= included.len() {
+    if 2 * scratch.kept.len() <= included.len() {
         return 0;
     }
-    let kept = std::mem::take(&mut scratch.kept);
-    clip_iterations(rows, &kept, weights, tau, iterations, scratch, out);
-    scratch.kept = kept;
     rejected
 }
 
@@ -228,6 +250,35 @@ mod tests {
             &mut out,
         );
         assert!(out[0] >= 0.0 && out[0] <= 3.0 * tau / 5.0 + 1e-6, "{out:?}");
+    }
+
+    #[test]
+    fn a_far_outlier_is_set_aside_whatever_the_radius() {
+        // Three honest rows around (1, -1) and one flipped a thousand times; a radius so
+        // wide that clipping alone is the plain mean, which the outlier would drag far.
+        let data = [1.0, -1.0, 1.2, -0.8, 0.8, -1.2, -1000.0, 1000.0];
+        let rows = ChunkRows {
+            data: &data,
+            stride: 2,
+            start: 0,
+            len: 2,
+        };
+        let mut out = [0.0; 2];
+        let rejected = centered_clip(
+            rows,
+            &[0, 1, 2, 3],
+            &[1.0; 4],
+            1e6,
+            3,
+            4.0,
+            &mut ClipScratch::default(),
+            &mut out,
+        );
+        assert_eq!(rejected, 1);
+        assert!(
+            (out[0] - 1.0).abs() < 1e-5 && (out[1] + 1.0).abs() < 1e-5,
+            "{out:?}"
+        );
     }
 
     #[test]

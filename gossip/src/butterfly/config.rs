@@ -66,8 +66,9 @@ pub struct ClipConfig {
     pub tau: f32,
     /// Fixed-point iterations per chunk.
     pub iterations: u32,
-    /// After clipping, contributions farther than this many median distances from the
-    /// clipped center are set aside and the rest clipped again; 0 turns this off.
+    /// Before clipping, contributions farther than this many median distances from the
+    /// coordinate-wise median are set aside (a minority at most, in groups of three or
+    /// more); 0 turns this off.
     #[serde(default = "ClipConfig::default_reject_factor")]
     pub reject_factor: f32,
 }
