@@ -118,7 +118,13 @@ fn a_member_killed_mid_round_costs_the_survivors_at_most_the_chunk_timeouts() {
         "2",
         "--kill-at-round",
         "2",
+        "--keep-logs",
     ]);
+    // The peers' folder, named in every failure below (with each peer's round lines in
+    // `rounds.jsonl`), removed at the end.
+    let logs = summary["logs"]
+        .as_str()
+        .expect("--keep-logs names the folder");
     let rounds = rounds(&summary);
     // The victim dies as the first peer finishes round 1: in round 2, or at the end of
     // round 1 for peers still finishing it.
@@ -130,7 +136,10 @@ fn a_member_killed_mid_round_costs_the_survivors_at_most_the_chunk_timeouts() {
     for round in &rounds[1..] {
         for key in ["time_s", "period_s"] {
             let time = field(round, key);
-            assert!(time <= bound, "{key} {time} s; bound {bound} s: {round}");
+            assert!(
+                time <= bound,
+                "{key} {time} s; bound {bound} s: {round}; logs in {logs}"
+            );
         }
     }
     // Round 2 either still had the victim as a member (then the survivors report that its
@@ -141,16 +150,21 @@ fn a_member_killed_mid_round_costs_the_survivors_at_most_the_chunk_timeouts() {
     );
     assert!(
         (group == 4.0 && coverage_all < 1.0) || (group == 3.0 && coverage_all == 1.0),
-        "round 2: {}",
+        "round 2: {}; logs in {logs}",
         rounds[2]
     );
     // From then on the three survivors average as one group: never split, never alone.
     for round in &rounds[3..] {
-        assert_eq!(field(round, "group_min"), 3.0, "{round}");
-        assert_eq!(field(round, "group_max"), 3.0, "{round}");
-        assert_eq!(field(round, "coverage"), 1.0, "{round}");
-        assert_eq!(field(round, "coverage_all"), 1.0, "{round}");
+        for (key, want) in [
+            ("group_min", 3.0),
+            ("group_max", 3.0),
+            ("coverage", 1.0),
+            ("coverage_all", 1.0),
+        ] {
+            assert_eq!(field(round, key), want, "{key}: {round}; logs in {logs}");
+        }
     }
+    let _ = std::fs::remove_dir_all(logs);
 }
 
 #[test]

@@ -27,6 +27,7 @@ fn bad_flags_exit_2_naming_the_flag() {
         (vec!["--peers", "many"], "--peers"),
         (vec!["--steps", "0"], "--steps"),
         (vec!["--peers", "1", "--churn"], "--churn"),
+        (vec!["--task", "resnet"], "--task"),
     ] {
         let mut all = args.clone();
         all.extend(["--out", out]);

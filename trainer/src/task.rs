@@ -115,6 +115,17 @@ pub enum TaskPreset {
 }
 
 impl TaskPreset {
+    /// Every preset.
+    pub const ALL: [TaskPreset; 2] = [TaskPreset::MarkovGpt, TaskPreset::TeacherMlp];
+
+    /// The preset's name, as `murmur local --task` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskPreset::MarkovGpt => "markov-gpt",
+            TaskPreset::TeacherMlp => "teacher-mlp",
+        }
+    }
+
     /// The task `murmur local` trains by default: small enough that four peers sharing two
     /// cores bring the eval loss most of the way to the Markov chain's entropy rate within
     /// about two minutes.

@@ -237,6 +237,7 @@ fn run_variant(
 ) -> anyhow::Result<(Variant, f64)> {
     let plan = LocalPlan {
         peers: args.peers,
+        task: murmur_trainer::TaskPreset::MarkovGpt,
         mode: args.algo,
         codec: variant.codec,
         steps: 1,
@@ -618,18 +619,29 @@ fn round_rows(
     let mut rows = Vec::new();
     let mut last_finish: Option<f64> = None;
     for (round, peers) in rounds.iter().enumerate() {
-        let lines: Vec<&Value> = peers.iter().flatten().collect();
+        let reported: Vec<&Value> = peers.iter().flatten().collect();
         let expected = match args.kill_peer {
             // The victim may die before it reports the round before the chosen one.
             Some(_) if round as u64 + 1 >= args.kill_at_round => peers.len() - 1,
             _ => peers.len(),
         };
-        if lines.len() < expected {
+        if reported.len() < expected {
             bail!(
                 "round {round}: only {} of {} peers reported",
-                lines.len(),
+                reported.len(),
                 peers.len()
             );
+        }
+        // A peer that caught up with the swarm skipped the round: it counts as reported,
+        // and the round's figures are those of the peers that took part.
+        let lines: Vec<&Value> = reported
+            .iter()
+            .copied()
+            .filter(|v| v["skipped"] != true)
+            .collect();
+        let skipped = reported.len() - lines.len();
+        if lines.is_empty() {
+            bail!("round {round}: every peer skipped it");
         }
         let f = |key: &'static str| {
             lines
@@ -658,6 +670,7 @@ fn round_rows(
             "coverage_all": coverage_all,
             "group_min": group_min,
             "group_max": group_max,
+            "skipped": skipped,
             "efficiency": stream_bps.map(|stream| bytes / time / stream),
         }));
     }
@@ -772,6 +785,7 @@ mod tests {
         .unwrap();
         let plan = LocalPlan {
             peers: 2,
+            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::Butterfly,
             codec: CodecSpec::F32,
             steps: 1,

@@ -267,10 +267,19 @@ struct Meter {
 }
 
 impl Meter {
-    /// Emits round `self.round` with the values it ended on, and starts the next.
+    /// Emits round `self.round` with the values it ended on, and starts the next. A peer
+    /// that caught up with the swarm by leaving rounds out (it found itself looking alone
+    /// at a round the others had passed) reports each of them as skipped first, so that
+    /// its lines keep the swarm's round numbers.
     fn emit_round(&mut self, values: &[f32], exact: &[f64]) {
         let sent_now = self.net.metrics().snapshot().tensor_bytes_sent;
         let last = self.last.take();
+        if let Some(report) = &last {
+            while self.round < report.round {
+                emit(json!({"event": "round", "round": self.round, "skipped": true}));
+                self.round += 1;
+            }
+        }
         let (time_s, coverage, coverage_all, group, given_up) = match &last {
             Some(r) => (
                 r.finished_after.as_secs_f64(),

@@ -34,6 +34,10 @@ pub(crate) struct LocalArgs {
     /// The wire codec of averaging, e.g. `f32`, `int8:64`, `int4`, `sign1`, `topk:10000`.
     #[arg(long, default_value = "int8:64")]
     pub(crate) codec: String,
+    /// The built-in task: `markov-gpt` (a small GPT on a synthetic Markov chain, AdamW) or
+    /// `teacher-mlp` (an MLP learning a teacher network's labels, SGD with Nesterov momentum).
+    #[arg(long, default_value = "markov-gpt", value_parser = parse_task)]
+    pub(crate) task: TaskPreset,
     /// Local steps each peer runs; default: the built-in task's schedule length.
     #[arg(long)]
     pub(crate) steps: Option<u64>,
@@ -93,6 +97,8 @@ pub(crate) struct Straggler {
 #[derive(Debug, Clone)]
 pub(crate) struct LocalPlan {
     pub(crate) peers: usize,
+    /// The built-in task every peer trains.
+    pub(crate) task: TaskPreset,
     pub(crate) mode: AveragingMode,
     pub(crate) codec: CodecSpec,
     pub(crate) steps: u64,
@@ -125,7 +131,7 @@ impl LocalPlan {
             .map_err(|e| BadInput(format!("--codec {}: {e}", args.codec)))?;
         let steps = args
             .steps
-            .unwrap_or(TaskPreset::default_local().schedule.total_steps);
+            .unwrap_or(args.task.config().schedule.total_steps);
         if steps == 0 {
             return Err(BadInput(
                 "--steps 0: every peer must stop on its own; expected at least 1".into(),
@@ -177,6 +183,7 @@ impl LocalPlan {
         }
         Ok(LocalPlan {
             peers: args.peers,
+            task: args.task,
             mode: args.mode,
             codec,
             steps,
@@ -251,6 +258,17 @@ fn parse_churn_every(text: &str) -> Result<(f64, f64), BadInput> {
 }
 
 /// Parses `PEER:FACTOR` for a swarm of `peers`.
+/// A `--task` value: a built-in task by its name.
+fn parse_task(text: &str) -> Result<TaskPreset, String> {
+    TaskPreset::ALL
+        .into_iter()
+        .find(|t| t.name() == text)
+        .ok_or_else(|| {
+            let names: Vec<&str> = TaskPreset::ALL.iter().map(|t| t.name()).collect();
+            format!("unknown task {text:?}: expected {}", names.join(" or "))
+        })
+}
+
 fn parse_straggler(text: &str, peers: usize) -> Result<Straggler, BadInput> {
     let bad = |why: String| BadInput(format!("--straggler {text}: {why}"));
     let (peer, factor) = text
@@ -286,6 +304,7 @@ mod tests {
     fn args() -> LocalArgs {
         LocalArgs {
             peers: 4,
+            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::Sgp,
             codec: "int8:64".into(),
             steps: None,

@@ -43,6 +43,7 @@ echo '{"event":"done","step":5,"samples":80,"initial_eval_loss":3.0,"final_eval_
 fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
     LocalPlan::from_args(&LocalArgs {
         peers,
+        task: murmur_trainer::TaskPreset::MarkovGpt,
         mode: AveragingMode::Sgp,
         codec: "int8:64".into(),
         steps: Some(5),

@@ -14,6 +14,8 @@ use super::record::{Outcome, PeerRecord};
 #[derive(Debug, Serialize)]
 pub(crate) struct Summary {
     pub(crate) peers: usize,
+    /// The built-in task (`--task`).
+    pub(crate) task: &'static str,
     pub(crate) mode: &'static str,
     pub(crate) codec: String,
     pub(crate) steps: u64,
@@ -197,6 +199,7 @@ impl Summary {
             .count();
         Summary {
             peers: plan.peers,
+            task: plan.task.name(),
             mode: plan.mode.name(),
             codec: plan.codec.to_string(),
             steps: plan.steps,
@@ -241,8 +244,9 @@ impl Summary {
         // `write!` into a String cannot fail.
         let _ = writeln!(
             t,
-            "murmur local: {} peers, {}, {}, {} steps{}, {:.1} s",
+            "murmur local: {} peers, {}, {}, {}, {} steps{}, {:.1} s",
             self.peers,
+            self.task,
             self.mode,
             self.codec,
             self.steps,
@@ -349,6 +353,7 @@ mod tests {
     fn plan(peers: usize) -> LocalPlan {
         LocalPlan::from_args(&LocalArgs {
             peers,
+            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::Sgp,
             codec: "int8:64".into(),
             steps: Some(100),

@@ -17,7 +17,6 @@ use anyhow::Context;
 use murmur_gossip::butterfly::{ButterflyConfig, ClipConfig};
 use murmur_gossip::net::NetConfig;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
-use murmur_trainer::TaskPreset;
 
 use super::args::LocalPlan;
 use crate::config::schema::{
@@ -217,7 +216,7 @@ pub(crate) struct PeerConfig<'a> {
 /// section at the built-in task's and the daemon's defaults but what a local swarm sets.
 pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
     let plan = c.plan;
-    let task = TaskPreset::default_local();
+    let task = plan.task.config();
     // QUIC only, as a swarm on one host needs no TCP fallback.
     let [quic, _tcp] = plan.hosts.listen_addrs(c.index);
     let defaults = TrainingSection::default();
@@ -319,6 +318,7 @@ mod tests {
     fn plan(stragglers: &[&str]) -> LocalPlan {
         LocalPlan::from_args(&LocalArgs {
             peers: 3,
+            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::Butterfly,
             codec: "int4:128".into(),
             steps: Some(40),
@@ -429,6 +429,24 @@ mod tests {
     }
 
     #[test]
+    fn the_task_flag_chooses_the_preset_the_peers_train() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut plan = plan(&[]);
+        plan.task = murmur_trainer::TaskPreset::TeacherMlp;
+        let dir = SwarmDir::create(Some(tmp.path()), plan.peers).unwrap();
+        dir.write_config(&plan, 0, &[]).unwrap();
+        let loaded = crate::config::load(&dir.config_path(0)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.task, murmur_trainer::TaskPreset::TeacherMlp.config());
+        assert_ne!(loaded.task, murmur_trainer::TaskPreset::default_local());
+        // One round per local step of every peer, at this task's batch.
+        let text = std::fs::read_to_string(dir.config_path(0)).unwrap();
+        assert_eq!(
+            table(&text)["averaging"]["target_batch"].as_integer(),
+            Some(3 * 64)
+        );
+    }
+
+    #[test]
     fn peers_listen_where_the_hosts_file_says_and_pad_their_steps() {
         let tmp = tempfile::tempdir().unwrap();
         let hosts = tmp.path().join("hosts.toml");
@@ -441,6 +459,7 @@ mod tests {
         std::fs::write(&hosts, text).unwrap();
         let plan = LocalPlan::from_args(&LocalArgs {
             peers: 3,
+            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::SyncRing,
             codec: "f32".into(),
             steps: Some(20),

@@ -448,9 +448,12 @@ impl<P: PeerKey> RoundEngine<P> {
     /// every member whose heartbeat says it is at this round or the one before (it will be
     /// ready soon), if fewer. A member not heard since it (re)joined or for longer than
     /// [`QUIET_INTERVALS`] (an idle peer heartbeats once an interval: a shorter bound
-    /// would leave out live peers that are still finishing a round), far behind, already past this round, looking for a group of
-    /// another round, or in another group of this one is not waited for: it joins a later
-    /// round.
+    /// would leave out live peers that are still finishing a round), far behind, already
+    /// past this round, looking for a group of a later round, or in another group of this
+    /// one is not waited for: it joins a later round. One whose last heartbeat says it
+    /// looks at the round before is waited for: that heartbeat may be stale (rounds can be
+    /// shorter than gossip's delay), and if it is not, the peer is about to finish that
+    /// round, or to leave it for this one when it finds itself alone there.
     fn expected_group(&self) -> usize {
         let round = self.round;
         let near = self
@@ -458,8 +461,8 @@ impl<P: PeerKey> RoundEngine<P> {
             .heard()
             .filter(|(peer, _)| self.membership.fresh(peer, self.now, QUIET_INTERVALS))
             .filter(|(_, beat)| beat.step == round || beat.step + 1 == round)
-            // One looking in another round is bound to it until its own deadline.
-            .filter(|(_, beat)| beat.looking.is_none_or(|l| l.round == round))
+            // One looking at a later round is bound to it until its own deadline.
+            .filter(|(_, beat)| beat.looking.is_none_or(|l| l.round <= round))
             .filter(|(peer, _)| !self.engaged.contains(peer) || self.matchmaker.has_follower(*peer))
             .count();
         self.settings.butterfly.target_group.min(near + 1)
