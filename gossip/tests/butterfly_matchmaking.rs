@@ -347,11 +347,8 @@ fn outputs(peer: &mut Matchmaker<u32>) -> Vec<MatchOutput<u32>> {
     std::iter::from_fn(|| peer.poll_output()).collect()
 }
 
-/// Two peers that are ready together and know of each other: only the later one in the
-/// `(deadline, key)` order asks, the earlier one leads, and a peer that is waiting for a
-/// leader answers a third peer's request at once with a refusal instead of waiting on it.
-#[test]
-fn the_order_decides_who_asks_and_waiting_peers_answer_at_once() {
+/// Settings for groups of two, and the profile every peer declares.
+fn pairs() -> (ButterflyConfig, MemberProfile) {
     let config = ButterflyConfig {
         min_group: 2,
         target_group: 2,
@@ -362,6 +359,15 @@ fn the_order_decides_who_asks_and_waiting_peers_answer_at_once() {
         accepts_connections: true,
         samples: 8,
     };
+    (config, profile)
+}
+
+/// Two peers that are ready together and know of each other: only the later one in the
+/// `(deadline, key)` order asks, the earlier one leads, and a peer that is waiting for a
+/// leader answers a third peer's request at once with a refusal instead of waiting on it.
+#[test]
+fn the_order_decides_who_asks_and_waiting_peers_answer_at_once() {
+    let (config, profile) = pairs();
     let now = Time::ZERO;
     let deadline = now + config.max_wait();
     let mut a = Matchmaker::new(1u32, 1000, config.clone()).expect("valid");
@@ -441,16 +447,7 @@ fn the_order_decides_who_asks_and_waiting_peers_answer_at_once() {
 /// deadline. Without `PeerGone` it would wait for that deadline and then average alone.
 #[test]
 fn a_follower_leaves_a_gone_leader_at_once_and_asks_the_next() {
-    let config = ButterflyConfig {
-        min_group: 2,
-        target_group: 2,
-        ..config()
-    };
-    let profile = MemberProfile {
-        bandwidth_bytes_per_s: 1_000_000,
-        accepts_connections: true,
-        samples: 8,
-    };
+    let (config, profile) = pairs();
     let now = Time::ZERO;
     let deadline = now + config.max_wait();
     // Peer 1 (the earliest) will crash; peer 2 is next in the order; peer 3 asks.

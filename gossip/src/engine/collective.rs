@@ -298,22 +298,25 @@ impl<P: PeerKey> Collective<P> {
 
     /// A member is gone: stop waiting for it (butterfly; the ring waits out its bound).
     pub(crate) fn member_lost(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
-        if let Machine::Butterfly(r) = &mut self.machine
-            && self.members.contains(&peer)
-        {
-            r.handle(now, RoundInput::MemberLost(peer))?;
-        }
-        self.note_end(now);
-        Ok(())
+        self.stop_waiting(now, peer, RoundInput::MemberLost(peer))
     }
 
     /// A member went quiet: stop waiting for it, but keep serving it (butterfly; the ring
     /// waits out its bound).
     pub(crate) fn member_quiet(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
+        self.stop_waiting(now, peer, RoundInput::MemberQuiet(peer))
+    }
+
+    fn stop_waiting(
+        &mut self,
+        now: Time,
+        peer: P,
+        input: RoundInput<'_, P>,
+    ) -> Result<(), EngineError> {
         if let Machine::Butterfly(r) = &mut self.machine
             && self.members.contains(&peer)
         {
-            r.handle(now, RoundInput::MemberQuiet(peer))?;
+            r.handle(now, input)?;
         }
         self.note_end(now);
         Ok(())
