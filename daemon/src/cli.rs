@@ -39,6 +39,18 @@ pub(crate) enum Command {
     /// Show a running daemon's status: step, loss, peers, last averaging rounds (from its
     /// `/status` endpoint).
     Status(StatusArgs),
+    /// Print this command line's completions for a shell on stdout, e.g.
+    /// `murmur completions bash > /etc/bash_completion.d/murmur`.
+    Completions {
+        /// The shell: bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages: `murmur.1` and one per command (`murmur-run.1`, …).
+    Man {
+        /// The folder to write them to (created if missing).
+        #[arg(long, default_value = ".")]
+        out: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -59,6 +71,9 @@ pub(crate) struct RunArgs {
     /// Print progress as JSON lines on stdout (see docs/progress.md); logs go to stderr.
     #[arg(long)]
     pub(crate) progress: bool,
+    /// No status line in the log (step, loss, peers, samples/s, bytes/s every 5 s).
+    #[arg(long)]
+    pub(crate) quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -241,9 +256,20 @@ pub(crate) struct SwarmNewArgs {
     #[arg(long)]
     pub(crate) id: Option<String>,
     /// Replace an existing `authority.key` and `swarm.toml` (invites signed by the old key
-    /// stop being accepted).
+    /// stop being accepted), and the first peer's files.
     #[arg(long)]
     pub(crate) force: bool,
+    /// Do not set up the organizer's own first peer in `DIR/peer`.
+    #[arg(long)]
+    pub(crate) no_peer: bool,
+    /// The UDP and TCP port the first peer listens on, so that its address stays the same
+    /// across restarts.
+    #[arg(long, default_value_t = 7600)]
+    pub(crate) peer_port: u16,
+    /// The first peer's public IP address or DNS name: `swarm.toml` then bootstraps from
+    /// it. Without it, `swarm new` prints the addresses to add to `[net] bootstrap`.
+    #[arg(long)]
+    pub(crate) public_host: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -20,6 +20,7 @@
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr};
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::Command;
 
@@ -129,14 +130,38 @@ impl Hosts {
 
     /// A command that runs `program` as peer `index`: under its launcher, if it has one.
     pub(crate) fn command(&self, index: usize, program: impl AsRef<OsStr>) -> Command {
-        match self.peers[index].launch.split_first() {
+        let mut command = match self.peers[index].launch.split_first() {
             None => Command::new(program),
             Some((first, rest)) => {
                 let mut command = Command::new(first);
                 command.args(rest).arg(program);
                 command
             }
-        }
+        };
+        end_with_parent(&mut command);
+        command
+    }
+}
+
+/// Has the kernel send the child SIGTERM (a clean stop for `murmur run`) when this process
+/// dies, however it dies, even by SIGKILL: no peer outlives the `murmur local` or `bench
+/// allreduce` that started it. Linux sends it when the *thread* that started the child
+/// exits; both start their peers from the main thread, which lives as long as the process.
+fn end_with_parent(command: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec. It only calls `prctl`,
+    // `getppid` and `_exit`, which are async-signal-safe, and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before the request: nobody will send the signal.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
     }
 }
 

@@ -8,9 +8,12 @@ mod checkpoint;
 mod cli;
 mod clock;
 mod config;
+mod first_peer;
 mod hosts;
 mod input_error;
+mod instance_lock;
 mod local;
+mod manual;
 mod observe;
 mod run;
 mod run_cmd;
@@ -25,7 +28,7 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match cli.command {
-        cli::Command::Run(args) => run_cmd::run(&args.config, args.progress),
+        cli::Command::Run(args) => run_cmd::run(&args.config, args.progress, !args.quiet),
         cli::Command::Local(args) => local::run(&args),
         cli::Command::Bench(bench) => bench::run(bench),
         cli::Command::Sim(args) => sim::run(&args),
@@ -34,6 +37,8 @@ fn main() -> ExitCode {
         cli::Command::Swarm(command) => swarm_cmd::swarm(command),
         cli::Command::Config(command) => swarm_cmd::config(command),
         cli::Command::Status(args) => status_cmd::run(&args),
+        cli::Command::Completions { shell } => manual::completions(shell),
+        cli::Command::Man { out } => manual::man_pages(&out),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

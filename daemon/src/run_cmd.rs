@@ -4,12 +4,19 @@ use std::path::Path;
 
 use crate::config::{self, LoadedConfig};
 use crate::input_error::BadInput;
+use crate::instance_lock::InstanceLock;
 use crate::observe;
 use crate::run::{self, RunSettings, TrainingDevice};
 
 /// Loads `path` (a bad config exits 2) and runs the peer it describes.
-pub(crate) fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
+pub(crate) fn run(path: &Path, progress: bool, status_lines: bool) -> anyhow::Result<()> {
     let loaded = config::load(path).map_err(|e| BadInput(e.to_string()))?;
+    // Held until the run ends: a second run on this key or checkpoint folder exits 2.
+    let _lock = InstanceLock::acquire(
+        &loaded.key_file,
+        &std::path::PathBuf::from("/tmp/x").join(std::process::id().to_string()),
+    )
+    .map_err(|e| BadInput(e.to_string()))?;
     let format = match loaded.log.format {
         config::schema::LogFormat::Human => observe::LogFormat::Human,
         config::schema::LogFormat::Json => observe::LogFormat::Json,
@@ -22,10 +29,15 @@ pub(crate) fn run(path: &Path, progress: bool) -> anyhow::Result<()> {
     }
     // Before the network starts: a GPU the config demands but cannot have exits 2 here.
     let device = run::open_device(loaded.training.device).map_err(BadInput::from)?;
-    run::run(settings(loaded, device, progress))
+    run::run(settings(loaded, device, progress, status_lines))
 }
 
-fn settings(c: LoadedConfig, device: TrainingDevice, progress: bool) -> RunSettings {
+fn settings(
+    c: LoadedConfig,
+    device: TrainingDevice,
+    progress: bool,
+    status_lines: bool,
+) -> RunSettings {
     RunSettings {
         keypair: c.keypair,
         swarm_id: c.swarm.to_string(),
@@ -47,6 +59,7 @@ fn settings(c: LoadedConfig, device: TrainingDevice, progress: bool) -> RunSetti
         checkpoint_every: c.checkpoint.every_steps,
         checkpoint_keep: c.checkpoint.keep,
         progress,
+        status_lines,
         metrics_listen: c.metrics_listen,
     }
 }

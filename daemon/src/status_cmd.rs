@@ -233,6 +233,19 @@ pub(crate) fn render(r: &StatusReport) -> String {
             format!("{} ago", duration(p.heartbeat_age_s)),
         );
     }
+    if !r.bootstrap.is_empty() {
+        let _ = writeln!(out, "\nbootstrap ({})", r.bootstrap.len());
+    }
+    for b in &r.bootstrap {
+        let result = match (&b.reached, &b.error) {
+            (Some(peer), _) => format!("reached {peer}"),
+            (None, Some(error)) => {
+                format!("FAILED {} times in a row: {error}", b.failures_in_a_row)
+            }
+            (None, None) => "dialing".to_owned(),
+        };
+        let _ = writeln!(out, "  {}  {result}", b.address);
+    }
     let _ = writeln!(out, "\nlast rounds ({}, newest first)", r.last_rounds.len());
     for round in &r.last_rounds {
         let with = match &round.out_peer {
@@ -280,7 +293,7 @@ fn duration(seconds: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{PeerStatus, RoundStatus};
+    use crate::observe::{BootstrapStatus, PeerStatus, RoundStatus};
 
     fn report() -> StatusReport {
         StatusReport {
@@ -307,6 +320,13 @@ mod tests {
                 reported_download_bytes_per_s: 2 << 20,
                 measured_upload_bytes_per_s: Some(5.0 * 1024.0 * 1024.0),
                 measured_download_bytes_per_s: None,
+            }],
+            bootstrap: vec![BootstrapStatus {
+                address: "/ip4/192.0.2.1/udp/7600/quic-v1/p2p/12D3KooWboot".to_owned(),
+                attempts: 3,
+                failures_in_a_row: 3,
+                reached: None,
+                error: Some("handshake timed out".to_owned()),
             }],
             last_rounds: vec![RoundStatus {
                 mode: "sgp".to_owned(),
@@ -339,6 +359,8 @@ mod tests {
             "pushed to 12D3KooWother",
             "coverage 100.0%",
             "(1m15s ago)",
+            "bootstrap (1)",
+            "/ip4/192.0.2.1/udp/7600/quic-v1/p2p/12D3KooWboot  FAILED 3 times in a row: handshake timed out",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");
         }

@@ -16,6 +16,7 @@ use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 
 use crate::cli::{ConfigCommand, InitArgs, SwarmCommand, SwarmInviteArgs, SwarmNewArgs};
 use crate::config::{self, ConfigFile, LoadedConfig, LogFormat, template};
+use crate::first_peer;
 use crate::input_error::BadInput;
 
 const SECONDS_PER_DAY: u64 = 86_400;
@@ -26,7 +27,7 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
     let config_file = args.dir.join("murmur.toml");
     prepare(&args.dir, &[&key_file, &config_file], args.force)?;
     let keypair = Keypair::create_file(&key_file).map_err(|e| BadInput(e.to_string()))?;
-    write_new(&config_file, template::TEMPLATE)?;
+    write_new(&config_file, &template::for_init())?;
 
     let peer = keypair.peer_id();
     println!("peer id: {peer}");
@@ -34,18 +35,17 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
     println!("wrote {}", config_file.display());
     println!();
     println!("next steps:");
+    println!("  1. send your peer id to the swarm's organizer; they send back an invite");
     println!(
-        "  1. set [swarm] id and authority in {} to the organizer's (from their swarm.toml),",
-        config_file.display()
-    );
-    println!("     and bootstrap in [net] to the addresses they publish");
-    println!("  2. send your peer id to the organizer, who runs `murmur swarm invite {peer}`");
-    println!(
-        "  3. save the invite they send back as {}",
+        "  2. save the invite as {}",
         args.dir.join("invite").display()
     );
     println!(
-        "  4. murmur config check {0}; then murmur run --config {0}",
+        "  3. save the swarm's published swarm.toml as {} (replacing this one)",
+        config_file.display()
+    );
+    println!(
+        "  4. murmur config check {0}; then murmur run --config {0}; watch it with murmur status",
         config_file.display()
     );
     Ok(())
@@ -71,7 +71,7 @@ pub(crate) fn config(command: ConfigCommand) -> anyhow::Result<()> {
 }
 
 fn swarm_new(args: &SwarmNewArgs) -> anyhow::Result<()> {
-    // Check the id before anything is written.
+    // Check the flags before anything is written.
     let id = match &args.id {
         Some(id) => Some(
             SwarmId::new(id.clone())
@@ -79,16 +79,53 @@ fn swarm_new(args: &SwarmNewArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let prefix = args
+        .public_host
+        .as_deref()
+        .map(first_peer::host_prefix)
+        .transpose()?;
+    if args.peer_port == 0 {
+        return Err(BadInput(
+            "--peer-port 0: the first peer needs a fixed port for volunteers to reach it".into(),
+        )
+        .into());
+    }
     let key_file = args.dir.join("authority.key");
     let config_file = args.dir.join("swarm.toml");
+    let peer_dir = args.dir.join("peer");
+    let peer_files = first_peer::files(&peer_dir);
     prepare(&args.dir, &[&key_file, &config_file], args.force)?;
+    if !args.no_peer {
+        prepare(
+            &peer_dir,
+            &peer_files.iter().collect::<Vec<_>>(),
+            args.force,
+        )?;
+    }
     let authority = Keypair::create_file(&key_file).map_err(|e| BadInput(e.to_string()))?;
     let authority_id = authority.peer_id();
     let swarm = match id {
         Some(id) => id,
         None => default_swarm_id(&authority_id)?,
     };
-    write_new(&config_file, &template::with_swarm(&swarm, &authority_id))?;
+    let mut swarm_toml = template::for_swarm(&swarm, &authority_id);
+    let first = if args.no_peer {
+        None
+    } else {
+        let first = first_peer::write(
+            &peer_dir,
+            &authority,
+            &swarm,
+            &swarm_toml,
+            args.peer_port,
+            prefix.as_deref(),
+        )?;
+        if prefix.is_some() {
+            swarm_toml = first_peer::with_bootstrap(&swarm_toml, &first.addresses);
+        }
+        Some(first)
+    };
+    write_new(&config_file, &swarm_toml)?;
 
     println!("swarm: {swarm}");
     println!("authority: {authority_id}");
@@ -97,18 +134,41 @@ fn swarm_new(args: &SwarmNewArgs) -> anyhow::Result<()> {
         key_file.display()
     );
     println!("wrote {}", config_file.display());
+    if let Some(first) = &first {
+        println!("first peer: {} in {}", first.id, peer_dir.display());
+    }
     println!();
     println!("next steps:");
-    println!(
-        "  1. edit the task and averaging sections of {}, then publish it to volunteers",
+    let mut step = 0;
+    let mut next = |text: String| {
+        step += 1;
+        println!("  {step}. {text}");
+    };
+    if let Some(first) = &first {
+        next(format!(
+            "start your first peer: murmur run --config {} (open UDP and TCP port {} to it)",
+            first.config.display(),
+            args.peer_port
+        ));
+        if prefix.is_none() {
+            next(format!(
+                "put its addresses, with your public IP, into [net] bootstrap of {}: {}",
+                config_file.display(),
+                first.addresses.join(" ")
+            ));
+        }
+    }
+    next(format!(
+        "edit the task and averaging sections of {} (the first peer's copy too), then \
+         publish it",
         config_file.display()
-    );
-    println!(
-        "  2. for each volunteer's peer id: murmur swarm invite PEER_ID --authority-key {} \
-         --swarm-config {} --out PEER_ID.invite",
+    ));
+    next(format!(
+        "for each volunteer's peer id: murmur swarm invite PEER_ID --authority-key {} \
+         --swarm-config {} --out PEER_ID.invite, and send them the invite",
         key_file.display(),
         config_file.display()
-    );
+    ));
     Ok(())
 }
 

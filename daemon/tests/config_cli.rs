@@ -168,24 +168,93 @@ fn swarm_new_init_invite_then_check_round_trip() {
     );
 }
 
+/// The lines in which `text` differs from `base`, which must have as many lines.
+fn changed_lines<'a>(base: &'a str, text: &'a str) -> Vec<(&'a str, &'a str)> {
+    assert_eq!(base.lines().count(), text.lines().count());
+    base.lines()
+        .zip(text.lines())
+        .filter(|(a, b)| a != b)
+        .collect()
+}
+
 #[test]
-fn init_writes_the_example_and_swarm_new_changes_only_the_swarm_lines() {
+fn init_writes_the_example_with_metrics_on_and_swarm_new_changes_only_the_swarm_lines() {
     let w = Workflow::new();
     let example = example();
+    let init = std::fs::read_to_string(w.vol.join("murmur.toml")).unwrap();
+    let changed = changed_lines(&example, &init);
     assert_eq!(
-        std::fs::read_to_string(w.vol.join("murmur.toml")).unwrap(),
-        example
+        changed,
+        [(
+            "# listen = \"127.0.0.1:9464\"",
+            "listen = \"127.0.0.1:9464\""
+        )]
     );
     let swarm = std::fs::read_to_string(w.org.join("swarm.toml")).unwrap();
-    let changed: Vec<(&str, &str)> = example
-        .lines()
-        .zip(swarm.lines())
-        .filter(|(a, b)| a != b)
-        .collect();
-    assert_eq!(example.lines().count(), swarm.lines().count());
+    let changed = changed_lines(&init, &swarm);
     assert_eq!(changed.len(), 2, "{changed:?}");
     assert_eq!(changed[0].1, "id = \"test-swarm\"");
     assert!(changed[1].1.starts_with("authority = \"12D3KooW"));
+}
+
+#[test]
+fn swarm_new_sets_up_the_organizer_s_first_peer_on_a_fixed_port() {
+    let w = Workflow::new();
+    let swarm = std::fs::read_to_string(w.org.join("swarm.toml")).unwrap();
+    let peer = std::fs::read_to_string(w.org.join("peer/murmur.toml")).unwrap();
+    let changed = changed_lines(&swarm, &peer);
+    assert_eq!(
+        changed,
+        [(
+            "listen_addrs = [\"/ip4/0.0.0.0/udp/0/quic-v1\", \"/ip4/0.0.0.0/tcp/0\"]",
+            "listen_addrs = [\"/ip4/0.0.0.0/udp/7600/quic-v1\", \"/ip4/0.0.0.0/tcp/7600\"]"
+        )]
+    );
+    // Its key and its own invite load: the config passes as it is.
+    let check = run(&[
+        "config",
+        "check",
+        w.org.join("peer/murmur.toml").to_str().unwrap(),
+    ]);
+    assert!(check.status.success(), "{}", stderr(&check));
+
+    // With the public host, the published config bootstraps from the first peer.
+    let dir = tempfile::tempdir().unwrap();
+    let org = dir.path().to_str().unwrap();
+    let new = run(&[
+        "swarm",
+        "new",
+        "--dir",
+        org,
+        "--id",
+        "s",
+        "--public-host",
+        "203.0.113.7",
+        "--peer-port",
+        "7700",
+    ]);
+    assert!(new.status.success(), "{}", stderr(&new));
+    let key = Keypair::load_file(dir.path().join("peer/murmur.key")).unwrap();
+    let id = key.peer_id();
+    let published = std::fs::read_to_string(dir.path().join("swarm.toml")).unwrap();
+    assert!(
+        published.contains(&format!(
+            "bootstrap = [\"/ip4/203.0.113.7/udp/7700/quic-v1/p2p/{id}\", \
+             \"/ip4/203.0.113.7/tcp/7700/p2p/{id}\"]"
+        )),
+        "{published}"
+    );
+    let bad = run(&[
+        "swarm",
+        "new",
+        "--dir",
+        org,
+        "--public-host",
+        "a b",
+        "--force",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("--public-host"), "{}", stderr(&bad));
 }
 
 #[test]

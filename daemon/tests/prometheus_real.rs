@@ -1,8 +1,12 @@
 //! The daemon's metrics against a real Prometheus and promtool, and `/status` under a crash.
 //!
 //! A swarm of three `murmur run` peers trains on loopback while a real Prometheus server
-//! scrapes their `/metrics` every second. Through Prometheus' HTTP API, every PromQL
-//! expression of every panel in `dashboards/grafana/*.json` must return data, and every
+//! scrapes their `/metrics` every second; once in SGP and once in butterfly mode. Every
+//! dashboard in `dashboards/grafana/*.json` filters its queries by the `swarm` and `peer`
+//! variables, which are substituted as Grafana would (the swarm's id, and one peer's id or
+//! every peer). Through Prometheus' HTTP API, every PromQL expression of every panel that is
+//! meant for the swarm's mode must return data, and every one that is not (a panel joined on
+//! `murmur_build_info{mode="sgp"}` in a butterfly swarm, say) must return none; every
 //! metric a dashboard names must be one the daemons export; `promtool check metrics` must
 //! find nothing to say about any daemon's page, and `promtool check config` must accept the
 //! example `dashboards/prometheus.yml`. Then one peer is killed with SIGKILL and the
@@ -12,6 +16,8 @@
 //! `prometheus` and `promtool` come from Debian's `prometheus` package, which
 //! `scripts/setup.sh` installs; without them these tests fail, saying so.
 
+#[path = "support/tool.rs"]
+mod checker;
 mod run_support;
 #[path = "support/swarm.rs"]
 mod swarm;
@@ -62,37 +68,7 @@ fn tool(name: &str) -> PathBuf {
 /// Runs `promtool args…` with `stdin` on its standard input, bounded; its exit status and
 /// everything it printed.
 fn promtool(args: &[&str], stdin: &str) -> (bool, String) {
-    let mut child = Command::new(tool("promtool"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool starts");
-    let mut input = child.stdin.take().expect("stdin is piped");
-    let text = stdin.to_owned();
-    let writer = std::thread::spawn(move || std::io::Write::write_all(&mut input, text.as_bytes()));
-    let deadline = Instant::now() + PROMTOOL_PATIENCE;
-    while child.try_wait().expect("waits for promtool").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "`promtool {}` still running after {PROMTOOL_PATIENCE:?}",
-                args.join(" ")
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // promtool may exit before reading all of stdin; its answer says what went wrong.
-    let _ = writer.join();
-    let out = child.wait_with_output().expect("promtool's output");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), said)
+    checker::run_bounded(&tool("promtool"), args, None, stdin, PROMTOOL_PATIENCE)
 }
 
 /// A Prometheus server on a free loopback port, scraping `targets` every second; killed when
@@ -254,7 +230,7 @@ fn dashboard_queries() -> (Vec<PanelQuery>, Vec<(String, String, String)>) {
                     panic!("{name}: variable query {query:?} is not label_values(metric, label)")
                 });
             let (metric, label) = inner
-                .split_once(',')
+                .rsplit_once(',')
                 .unwrap_or_else(|| panic!("{name}: {query:?} names no label"));
             variables.push((
                 name.clone(),
@@ -295,11 +271,48 @@ fn metrics_named(expr: &str) -> Vec<&str> {
         .collect()
 }
 
-/// `expr` with Grafana's variables replaced as a dashboard would: `instance` is one peer.
-fn substitute(expr: &str, instance: &str) -> String {
+/// The values a dashboard's variables take.
+#[derive(Debug, Clone)]
+struct Choice {
+    /// `$swarm`: a swarm id.
+    swarm: String,
+    /// `$peer`: a peer id, or `.*` for Grafana's "All".
+    peer: String,
+}
+
+/// `expr` with Grafana's variables replaced as a dashboard would.
+fn substitute(expr: &str, choice: &Choice) -> String {
     expr.replace("$__rate_interval", RATE_INTERVAL)
-        .replace("${instance}", instance)
-        .replace("$instance", instance)
+        .replace("${swarm}", &choice.swarm)
+        .replace("$swarm", &choice.swarm)
+        .replace("${peer}", &choice.peer)
+        .replace("$peer", &choice.peer)
+}
+
+/// Whether `expr` is meant for a swarm in `mode`: every `mode="…"` and `mode!="…"` matcher
+/// it holds (the dashboards put them on their `murmur_build_info` join) accepts `mode`.
+fn meant_for(expr: &str, mode: &str) -> bool {
+    let mut rest = expr;
+    while let Some(at) = rest.find("mode") {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + "mode".len()..];
+        rest = after;
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let (equal, value) = if let Some(v) = after.strip_prefix("=\"") {
+            (true, v)
+        } else if let Some(v) = after.strip_prefix("!=\"") {
+            (false, v)
+        } else {
+            continue;
+        };
+        let value = value.split('"').next().unwrap_or_default();
+        if (value == mode) != equal {
+            return false;
+        }
+    }
+    true
 }
 
 /// Whether a query's result holds at least one finite sample.
@@ -336,14 +349,90 @@ fn the_example_prometheus_config_passes_promtool() {
     assert!(ok, "promtool check config {path}:\n{said}");
 }
 
+/// The averaging modes the live-swarm tests below run; every dashboard query must be meant
+/// for at least one of them.
+const CHECKED_MODES: [&str; 2] = ["sgp", "butterfly"];
+
 #[test]
-fn every_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean() {
+fn every_dashboard_query_is_filtered_by_swarm_and_peer_and_checked_in_some_mode() {
+    let (queries, variables) = dashboard_queries();
+    let mut problems = String::new();
+    for query in &queries {
+        for variable in ["$swarm", "$peer"] {
+            if !query.expr.contains(variable) {
+                let _ = writeln!(
+                    problems,
+                    "{}: not filtered by {variable}: {}",
+                    query.origin, query.expr
+                );
+            }
+        }
+        if !CHECKED_MODES
+            .iter()
+            .any(|mode| meant_for(&query.expr, mode))
+        {
+            let _ = writeln!(
+                problems,
+                "{}: meant for none of {CHECKED_MODES:?}: {}",
+                query.origin, query.expr
+            );
+        }
+    }
+    for (file, _, label) in &variables {
+        if !["swarm", "peer"].contains(&label.as_str()) {
+            let _ = writeln!(
+                problems,
+                "{file}: variable over `{label}`, not swarm or peer"
+            );
+        }
+    }
+    for needed in ["swarm", "peer"] {
+        let files: BTreeSet<&String> = variables.iter().map(|(file, _, _)| file).collect();
+        for file in files {
+            if !variables.iter().any(|(f, _, l)| f == file && l == needed) {
+                let _ = writeln!(problems, "{file}: no `{needed}` variable");
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{problems}");
+    // The matcher reading itself, so that the checks above cannot pass by reading nothing.
+    let sgp_only = r#"x and on (job, instance) murmur_build_info{swarm=~"s", mode="sgp"}"#;
+    let rounds_only = r#"sum by (mode) (x and on (job, instance) murmur_build_info{mode!="sgp"})"#;
+    assert!(meant_for(sgp_only, "sgp") && !meant_for(sgp_only, "butterfly"));
+    assert!(!meant_for(rounds_only, "sgp") && meant_for(rounds_only, "butterfly"));
+    assert!(meant_for("sum by (mode) (rate(x[1m]))", "sgp"));
+}
+
+#[test]
+fn every_sgp_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean() {
+    dashboards_against_a_live_swarm("sgp");
+}
+
+#[test]
+fn every_butterfly_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean() {
+    dashboards_against_a_live_swarm("butterfly");
+}
+
+/// One query to run against the live swarm, and what it returned last.
+#[derive(Debug)]
+struct Pending {
+    origin: String,
+    expr: String,
+    last: String,
+}
+
+/// Starts a swarm in `mode` and a Prometheus scraping it, and checks every dashboard query
+/// and variable against it (see the module docs).
+fn dashboards_against_a_live_swarm(mode: &str) {
     // Fail early, before starting a swarm, when the tools are missing.
     tool("prometheus");
     tool("promtool");
     let (queries, variables) = dashboard_queries();
     let _one_swarm_at_a_time = swarm::exclusive();
-    let swarm = LocalSwarm::start(&SwarmSpec::default());
+    let swarm = LocalSwarm::start(&SwarmSpec {
+        mode: mode.to_owned(),
+        ..SwarmSpec::default()
+    });
     swarm.wait_until_meshed(MESH_PATIENCE);
 
     for peer in &swarm.peers {
@@ -357,38 +446,76 @@ fn every_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean
     }
 
     let prometheus = Prometheus::start(&swarm.metrics_addrs());
-    let instance = swarm.peers[0].metrics_addr.to_string();
-    let deadline = Instant::now() + QUERY_PATIENCE;
-    let mut pending: Vec<(String, String, String)> = queries
-        .iter()
-        .map(|q| {
-            (
-                q.origin.clone(),
-                substitute(&q.expr, &instance),
-                String::new(),
-            )
-        })
-        .collect();
-    for (file, metric, label) in &variables {
-        let expr = format!("count by ({label}) ({metric})");
-        pending.push((format!("{file}: variable {label}"), expr, String::new()));
+    let swarm_id = swarm_id_of(&swarm.peers[0]);
+    let choices = [
+        Choice {
+            swarm: swarm_id.clone(),
+            peer: swarm.peers[0].peer_id.clone(),
+        },
+        Choice {
+            swarm: swarm_id,
+            peer: ".*".to_owned(),
+        },
+    ];
+    let (meant, not_meant): (Vec<&PanelQuery>, Vec<&PanelQuery>) =
+        queries.iter().partition(|q| meant_for(&q.expr, mode));
+    let mut pending = Vec::new();
+    for choice in &choices {
+        for query in &meant {
+            pending.push(Pending {
+                origin: format!("{} (peer {})", query.origin, choice.peer),
+                expr: substitute(&query.expr, choice),
+                last: String::new(),
+            });
+        }
+        for (file, metric, label) in &variables {
+            pending.push(Pending {
+                origin: format!("{file}: variable {label}"),
+                expr: substitute(&format!("count by ({label}) ({metric})"), choice),
+                last: String::new(),
+            });
+        }
     }
-    for (origin, expr, _) in &pending {
+    for p in &pending {
         assert!(
-            !expr.contains('$'),
-            "{origin}: unknown variable left in {expr}"
+            !p.expr.contains('$'),
+            "{}: unknown variable left in {}",
+            p.origin,
+            p.expr
         );
     }
+    let deadline = Instant::now() + QUERY_PATIENCE;
     while !pending.is_empty() && Instant::now() < deadline {
-        for (_, expr, last) in &mut pending {
-            *last = match prometheus.query(expr) {
+        for p in &mut pending {
+            p.last = match prometheus.query(&p.expr) {
                 Ok(result) if has_finite_sample(&result) => String::new(),
                 Ok(result) => format!("no finite sample yet: {}", Value::from(result)),
                 Err(e) => format!("query failed: {e}"),
             };
         }
-        pending.retain(|(_, _, last)| !last.is_empty());
+        pending.retain(|p| !p.last.is_empty());
         std::thread::sleep(Duration::from_millis(500));
+    }
+    // The swarm is live and scraped now: what is meant for other modes must show nothing.
+    let mut shown_elsewhere = String::new();
+    for choice in &choices {
+        for query in &not_meant {
+            let expr = substitute(&query.expr, choice);
+            match prometheus.query(&expr) {
+                Ok(result) if result.is_empty() => {}
+                Ok(result) => {
+                    let _ = writeln!(
+                        shown_elsewhere,
+                        "{}\n  {expr}\n  shows {} in a {mode} swarm",
+                        query.origin,
+                        Value::from(result)
+                    );
+                }
+                Err(e) => {
+                    let _ = writeln!(shown_elsewhere, "{}\n  {expr}\n  failed: {e}", query.origin);
+                }
+            }
+        }
     }
     // Some families appear only once there is something to export (the per-link throughput
     // after the first large transfer), so the pages are read after the queries had their time.
@@ -399,7 +526,7 @@ fn every_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean
         ));
     }
     let mut unknown = String::new();
-    for query in &queries {
+    for query in &meant {
         let named = metrics_named(&query.expr);
         if named.is_empty() {
             let _ = writeln!(
@@ -413,20 +540,32 @@ fn every_dashboard_query_returns_data_from_a_live_swarm_and_promtool_lints_clean
         }
     }
     for (file, metric, _) in &variables {
-        if !exported.contains(metric) {
-            let _ = writeln!(unknown, "{file}: variable over `{metric}`, not exported");
+        for name in metrics_named(metric) {
+            if !exported.contains(name) {
+                let _ = writeln!(unknown, "{file}: variable over `{name}`, not exported");
+            }
         }
     }
     let mut report = String::new();
-    for (origin, expr, last) in &pending {
-        let _ = writeln!(report, "{origin}\n  {expr}\n  {last}");
+    for p in &pending {
+        let _ = writeln!(report, "{}\n  {}\n  {}", p.origin, p.expr, p.last);
     }
     assert!(
-        unknown.is_empty() && pending.is_empty(),
-        "dashboards reference metrics the daemon does not export:\n{unknown}\n\
-         {} dashboard queries returned no data within {QUERY_PATIENCE:?}:\n{report}",
+        unknown.is_empty() && pending.is_empty() && shown_elsewhere.is_empty(),
+        "dashboards reference metrics a {mode} swarm does not export:\n{unknown}\n\
+         {} dashboard queries for {mode} returned no data within {QUERY_PATIENCE:?}:\n{report}\n\
+         queries meant for other modes that showed data:\n{shown_elsewhere}",
         pending.len()
     );
+}
+
+/// The swarm id a peer's `/status` names.
+fn swarm_id_of(peer: &SwarmPeer) -> String {
+    let status = peer.status().unwrap_or_else(|e| peer.fail(&e));
+    status["swarm"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| peer.fail(&format!("no swarm in /status: {status}")))
 }
 
 /// What a survivor shows of the crash, and when it first showed it.

@@ -1,12 +1,18 @@
 //! Checkpoint crash recovery with a real `murmur run`: a crash injected while a checkpoint
 //! is being written (`MURMUR_FAULT`, see `daemon/src/checkpoint.rs`), or a newest checkpoint
-//! torn on disk, and the restart resumes from the previous valid checkpoint.
+//! torn on disk, and the restart resumes from the previous valid checkpoint. And a
+//! checkpoint folder that disappears under a running peer: the failures are counted in
+//! `murmur_checkpoint_failures_total` (what the `MurmurCheckpointsFailing` alert reads), and
+//! training goes on.
 
 mod run_support;
+#[path = "support/swarm.rs"]
+mod swarm;
 
+use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use run_support::{PeerDir, PeerSettings, Swarm, decode_checkpoint, exclusive};
 
@@ -188,4 +194,69 @@ fn a_newest_checkpoint_torn_on_disk_is_skipped_with_a_warning() {
                 && l.contains(&newest.display().to_string())),
         "no warning naming the torn checkpoint:\n{log}"
     );
+}
+
+/// The value of the unlabelled sample `name` on the `/metrics` page at `addr`.
+fn metric(addr: SocketAddr, name: &str) -> Option<f64> {
+    let (_, page) = swarm::http_get(addr, "/metrics").ok()?;
+    page.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn checkpoints_that_cannot_be_written_are_counted_and_training_goes_on() {
+    let _one_swarm_at_a_time = swarm::exclusive();
+    let swarm = Swarm::create();
+    let dir = swarm.add_peer("solo");
+    dir.write_config(&PeerSettings {
+        checkpoint_every_steps: 10,
+        metrics: true,
+        ..PeerSettings::default()
+    });
+    let mut peer = dir.start();
+    let ready = peer.ready();
+    let addr: SocketAddr = ready.json["metrics_addr"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| peer.fail(&format!("no metrics_addr in {}", ready.json)));
+    let wait_for = |name: &str, what: &str| {
+        let deadline = Instant::now() + RUN_PATIENCE;
+        loop {
+            if metric(addr, name).is_some_and(|v| v >= 1.0) {
+                return;
+            }
+            if Instant::now() > deadline {
+                peer.fail(&format!(
+                    "{what}: {name} still below 1 after {RUN_PATIENCE:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("murmur_checkpoint_writes_total", "no checkpoint written");
+    assert_eq!(metric(addr, "murmur_checkpoint_failures_total"), Some(0.0));
+
+    // The folder becomes a file: neither opening it nor writing into it can succeed.
+    let folder = dir.checkpoint_dir();
+    std::fs::remove_dir_all(&folder).expect("the checkpoint folder is removed");
+    std::fs::write(&folder, b"not a folder").expect("a file takes its place");
+    let step_before = metric(addr, "murmur_training_step").unwrap_or_default();
+    wait_for(
+        "murmur_checkpoint_failures_total",
+        "a failed checkpoint not counted",
+    );
+    let deadline = Instant::now() + RUN_PATIENCE;
+    while metric(addr, "murmur_training_step").unwrap_or_default() < step_before + 20.0 {
+        if Instant::now() > deadline {
+            peer.fail("training stopped after a checkpoint failed");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        peer.log().contains("checkpoint not written"),
+        "the failure is not in the log:\n{}",
+        peer.log()
+    );
+    peer.kill_hard();
 }

@@ -142,6 +142,7 @@ impl ConfigFile {
         Ok(LoadedConfig {
             path: self.path.clone(),
             keypair,
+            key_file,
             peer_id,
             swarm,
             authority,

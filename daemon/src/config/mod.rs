@@ -53,6 +53,8 @@ pub(crate) struct LoadedConfig {
     pub(crate) path: PathBuf,
     /// This peer's key (`identity.key_file`). Not `Clone`: share it behind an `Arc`.
     pub(crate) keypair: Keypair,
+    /// Where the key was read from, resolved.
+    pub(crate) key_file: PathBuf,
     /// This peer's id.
     pub(crate) peer_id: PeerId,
     /// The swarm (`swarm.id`).

@@ -149,7 +149,11 @@ pub(crate) async fn supervise(
         rng: StdRng::seed_from_u64(CHURN_SEED),
         next_churn: None,
     };
+    // SIGINT (Ctrl-C), SIGTERM (a service manager, `kill`) and SIGHUP (a closed terminal)
+    // all stop every peer before this process exits.
     let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
     dir.write_config(plan, 0, &[])?;
     s.start_peer(0)?;
     let mut ticker = tokio::time::interval(TICK);
@@ -159,6 +163,8 @@ pub(crate) async fn supervise(
             Some(message) = rx.recv() => s.handle(message)?,
             _ = ticker.tick() => s.tick().await?,
             _ = sigint.recv() => s.interrupted().await,
+            _ = sigterm.recv() => s.interrupted().await,
+            _ = sighup.recv() => s.interrupted().await,
         }
     }
     s.view.finish();

@@ -1,16 +1,19 @@
 //! [`AveragingMetrics`]: what each averaging round achieved, by mode and outcome.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::AveragingMode;
 use prometheus::{
-    Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry,
+    Counter, CounterVec, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use super::ObserveError;
+use super::busy::BusyTime;
 use super::registry::{named, register};
+use super::stragglers::StragglerReading;
 
 /// What became of a push-sum share refused for a stale reference (SGP).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -140,6 +143,10 @@ pub(crate) struct AveragingMetrics {
 struct Inner {
     rounds: [[IntCounter; OUTCOMES]; MODES],
     durations: [[Histogram; OUTCOMES]; MODES],
+    busy_seconds: [Counter; MODES],
+    /// The union of the rounds' intervals so far, per mode, in seconds since `origin`.
+    busy: Arc<[Mutex<BusyTime>; MODES]>,
+    origin: Instant,
     coverage: [Gauge; MODES],
     group_size: [IntGauge; MODES],
     stragglers: [IntCounter; MODES],
@@ -149,6 +156,10 @@ struct Inner {
     refusals: [IntCounter; 3],
     weights_capped: IntCounter,
     contributions_rejected: IntCounter,
+    /// Has no labels: its one series exists only while the ratio is known.
+    step_rate_ratio: GaugeVec,
+    /// Has no labels: its one series exists once a reading was made (SGP).
+    slow_peers: IntGaugeVec,
 }
 
 /// Round durations from 5 ms to about 160 s, doubling.
@@ -167,6 +178,10 @@ impl AveragingMetrics {
         let opts = HistogramOpts::new(name, "Wall time of one averaging round, start to applied.")
             .buckets(duration_buckets());
         let durations = named(name, HistogramVec::new(opts, &by_outcome))?;
+        let name = "murmur_averaging_busy_seconds_total";
+        let help = "Wall time during which at least one averaging round or push-sum share \
+                    was in flight; overlapping ones count once.";
+        let busy_seconds = named(name, CounterVec::new(Opts::new(name, help), &by_mode))?;
         let name = "murmur_averaging_coverage_ratio";
         let help = "Fraction of the vector averaged with at least one other peer, last round.";
         let coverage = named(
@@ -201,12 +216,23 @@ impl AveragingMetrics {
         let help = "Contributions this peer's CenteredClip reductions set aside as outliers, \
                     summed over chunks.";
         let contributions_rejected = named(name, IntCounter::new(name, help))?;
+        let name = "murmur_averaging_step_rate_ratio";
+        let help = "This peer's step rate over the median step rate of the peers it hears, \
+                    from their heartbeat steps over the last 30 s (SGP).";
+        let step_rate_ratio = named(name, GaugeVec::new(Opts::new(name, help), &[]))?;
+        let name = "murmur_averaging_slow_peers";
+        let help = "Peers, this one included, stepping at under half the median step rate \
+                    of all of them, from heartbeat steps over the last 30 s (SGP).";
+        let slow_peers = named(name, IntGaugeVec::new(Opts::new(name, help), &[]))?;
 
         let modes = AveragingMode::ALL.map(AveragingMode::name);
         let outcomes = RoundOutcome::ALL.map(RoundOutcome::name);
         let inner = Inner {
             rounds: modes.map(|m| outcomes.map(|o| rounds.with_label_values(&[m, o]))),
             durations: modes.map(|m| outcomes.map(|o| durations.with_label_values(&[m, o]))),
+            busy_seconds: modes.map(|m| busy_seconds.with_label_values(&[m])),
+            busy: Arc::new(std::array::from_fn(|_| Mutex::new(BusyTime::default()))),
+            origin: Instant::now(),
             coverage: modes.map(|m| coverage.with_label_values(&[m])),
             group_size: modes.map(|m| group_size.with_label_values(&[m])),
             stragglers: modes.map(|m| stragglers.with_label_values(&[m])),
@@ -216,9 +242,12 @@ impl AveragingMetrics {
             refusals: Refusal::ALL.map(|r| refusals.with_label_values(&[r.name()])),
             weights_capped,
             contributions_rejected,
+            step_rate_ratio,
+            slow_peers,
         };
         register(registry, rounds)?;
         register(registry, durations)?;
+        register(registry, busy_seconds)?;
         register(registry, coverage)?;
         register(registry, group_size)?;
         register(registry, stragglers)?;
@@ -228,6 +257,8 @@ impl AveragingMetrics {
         register(registry, refusals)?;
         register(registry, inner.weights_capped.clone())?;
         register(registry, inner.contributions_rejected.clone())?;
+        register(registry, inner.step_rate_ratio.clone())?;
+        register(registry, inner.slow_peers.clone())?;
         Ok(AveragingMetrics { inner: Some(inner) })
     }
 
@@ -235,12 +266,25 @@ impl AveragingMetrics {
         AveragingMetrics { inner: None }
     }
 
-    /// One round finished.
+    /// One round finished, now.
     pub(crate) fn record_round(&self, round: &RoundSummary) {
+        self.record_round_at(round, Instant::now());
+    }
+
+    /// One round finished at `at`; it started `round.duration` before.
+    pub(crate) fn record_round_at(&self, round: &RoundSummary, at: Instant) {
         let Some(m) = &self.inner else { return };
         let (mode, outcome) = (mode_index(round.mode), round.outcome.index());
         m.rounds[mode][outcome].inc();
-        m.durations[mode][outcome].observe(round.duration.as_secs_f64());
+        let took = round.duration.as_secs_f64();
+        m.durations[mode][outcome].observe(took);
+        let end = at.saturating_duration_since(m.origin).as_secs_f64();
+        // A round a second: the lock is never contended for long.
+        let added = m.busy[mode]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(end, took);
+        m.busy_seconds[mode].inc_by(added);
         m.coverage[mode].set(round.clamped_coverage());
         m.group_size[mode].set(i64::from(round.group_size));
         m.stragglers[mode].inc_by(u64::from(round.stragglers_dropped));
@@ -270,6 +314,27 @@ impl AveragingMetrics {
         }
     }
 
+    /// What the step rates say about stragglers (SGP); `None` removes the series until
+    /// there is a reading again.
+    pub(crate) fn set_stragglers(&self, reading: Option<StragglerReading>) {
+        let Some(m) = &self.inner else { return };
+        match reading.and_then(|r| r.ratio) {
+            Some(ratio) => m.step_rate_ratio.with_label_values::<&str>(&[]).set(ratio),
+            None => {
+                let _ = m.step_rate_ratio.remove_label_values::<&str>(&[]);
+            }
+        }
+        match reading {
+            Some(r) => m
+                .slow_peers
+                .with_label_values::<&str>(&[])
+                .set(i64::try_from(r.slow_peers).unwrap_or(i64::MAX)),
+            None => {
+                let _ = m.slow_peers.remove_label_values::<&str>(&[]);
+            }
+        }
+    }
+
     /// The latest estimate of how far this peer's parameters are from the swarm's average.
     pub(crate) fn set_consensus_drift(&self, drift: f64) {
         if let Some(m) = &self.inner {
@@ -283,14 +348,7 @@ mod tests {
     use super::*;
 
     fn text(registry: &Registry) -> String {
-        let mut out = Vec::new();
-        prometheus::Encoder::encode(
-            &prometheus::TextEncoder::new(),
-            &registry.gather(),
-            &mut out,
-        )
-        .expect("encodes");
-        String::from_utf8(out).expect("utf-8")
+        super::super::registry::exposition(registry)
     }
 
     fn round(mode: AveragingMode, outcome: RoundOutcome, seconds: f64) -> RoundSummary {
@@ -332,6 +390,74 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
+    }
+
+    /// The value of the one sample of `name` (with its labels, as written) in `text`.
+    fn value(text: &str, name: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    }
+
+    #[test]
+    fn overlapping_sgp_shares_never_make_averaging_time_outrun_the_clock() {
+        let registry = Registry::new();
+        let m = AveragingMetrics::register(&registry).expect("registers");
+        let start = Instant::now();
+        // An upload-capped SGP peer: a share every second, each taking 3 s in its queue.
+        for k in 3..=12 {
+            let share = round(AveragingMode::Sgp, RoundOutcome::Complete, 3.0);
+            m.record_round_at(&share, start + Duration::from_secs(k));
+        }
+        let page = text(&registry);
+        let summed = value(
+            &page,
+            r#"murmur_averaging_round_duration_seconds_sum{mode="sgp",outcome="complete"}"#,
+        );
+        assert_eq!(summed, Some(30.0), "the durations themselves are kept");
+        let busy = value(&page, r#"murmur_averaging_busy_seconds_total{mode="sgp"}"#);
+        assert!(
+            busy.is_some_and(|b| (b - 12.0).abs() < 1e-6),
+            "busy from 0 s to 12 s, no more than the 12 s that passed: {busy:?}\n{page}"
+        );
+        // Sequential rounds (butterfly) count their whole durations.
+        for k in 1..=3 {
+            let r = round(AveragingMode::Butterfly, RoundOutcome::Complete, 0.5);
+            m.record_round_at(&r, start + Duration::from_secs(k));
+        }
+        let page = text(&registry);
+        let busy = value(
+            &page,
+            r#"murmur_averaging_busy_seconds_total{mode="butterfly"}"#,
+        );
+        assert!(busy.is_some_and(|b| (b - 1.5).abs() < 1e-6), "{busy:?}");
+    }
+
+    #[test]
+    fn straggler_gauges_exist_only_while_there_is_a_reading() {
+        let registry = Registry::new();
+        let m = AveragingMetrics::register(&registry).expect("registers");
+        assert!(!text(&registry).contains("murmur_averaging_step_rate_ratio "));
+        m.set_stragglers(Some(StragglerReading {
+            ratio: Some(0.25),
+            slow_peers: 1,
+        }));
+        let text_now = text(&registry);
+        assert_eq!(
+            value(&text_now, "murmur_averaging_step_rate_ratio"),
+            Some(0.25)
+        );
+        assert_eq!(value(&text_now, "murmur_averaging_slow_peers"), Some(1.0));
+        m.set_stragglers(Some(StragglerReading {
+            ratio: None,
+            slow_peers: 0,
+        }));
+        let text_now = text(&registry);
+        assert_eq!(value(&text_now, "murmur_averaging_step_rate_ratio"), None);
+        assert_eq!(value(&text_now, "murmur_averaging_slow_peers"), Some(0.0));
+        m.set_stragglers(None);
+        let text_now = text(&registry);
+        assert_eq!(value(&text_now, "murmur_averaging_slow_peers"), None);
     }
 
     #[test]

@@ -276,6 +276,7 @@ fn respond(request: &Request, shared: &Shared) -> Response {
     let post = request.method == "POST";
     let response = match request.path.as_str() {
         "/metrics" if get => {
+            shared.metrics.refresh_from(&shared.board);
             let mut body = Vec::with_capacity(16 * 1024);
             match shared.metrics.encode_text(&mut body) {
                 Ok(()) => Response::ok(PROMETHEUS_TEXT, body),
@@ -287,7 +288,9 @@ fn respond(request: &Request, shared: &Shared) -> Response {
         }
         "/status" if get => {
             let net = &shared.metrics.network;
-            let report = shared.board.report(net.counters(), &net.bandwidth());
+            let report = shared
+                .board
+                .report(net.counters(), &net.bandwidth(), net.bootstrap());
             match serde_json::to_vec(&report) {
                 Ok(body) => Response::ok(JSON, body),
                 Err(e) => Response::error(500, "Internal Server Error", &e.to_string()),

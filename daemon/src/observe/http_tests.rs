@@ -52,6 +52,7 @@ async fn start(limits: HttpLimits) -> Running {
     });
     board.record_step(3, 96, 2.5, 40.0);
     board.record_round(&round);
+    metrics.set_build_info(&board.identity());
     let (stop, stopped) = oneshot::channel::<()>();
     let addr: SocketAddr = "127.0.0.1:0".parse().expect("an address");
     let shutdown = async {
@@ -324,6 +325,29 @@ async fn pause_and_resume_flip_the_flag_the_run_loop_reads() {
     let raw = b"POST /pause HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello";
     assert_eq!(exchange(addr, raw).await.status, 200);
     assert!(running.board.is_paused());
+}
+
+#[tokio::test]
+async fn metrics_show_the_paused_flag_and_what_the_daemon_runs() {
+    let running = start(HttpLimits::default()).await;
+    let addr = running.server.local_addr();
+    let page = |answer: Answer| String::from_utf8(answer.body).expect("utf-8");
+    let before = page(get(addr, "/metrics").await);
+    assert!(before.contains("\nmurmur_paused 0\n"), "{before}");
+    let info = format!(
+        "\nmurmur_build_info{{codec=\"f16\",device=\"cpu\",mode=\"sgp\",peer=\"{}\",\
+         swarm=\"tiny-lm\",version=\"{}\"}} 1\n",
+        peer(0),
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(before.contains(&info), "missing {info:?} in\n{before}");
+    post(addr, "/pause").await;
+    let paused = page(get(addr, "/metrics").await);
+    assert!(paused.contains("\nmurmur_paused 1\n"), "{paused}");
+    // SIGUSR1 and SIGUSR2 set the same flag on the board.
+    running.board.set_paused(false);
+    let resumed = page(get(addr, "/metrics").await);
+    assert!(resumed.contains("\nmurmur_paused 0\n"), "{resumed}");
 }
 
 #[tokio::test]

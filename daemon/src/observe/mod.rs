@@ -24,6 +24,10 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
+//! | `murmur_build_info` | gauge | version, swarm, peer, mode, codec, device | always 1; what this daemon runs: murmur's version, the swarm id, this peer's id, the averaging mode, the wire codec (`averaging.codec` as written, e.g. `int8:64`) and the training device. Dashboards and alerts join on it (`on (job, instance)`) to filter by swarm, peer and mode |
+//! | `murmur_paused` | gauge | | 1 while training is paused (SIGUSR1 or `POST /pause`), else 0 |
+//! | `murmur_checkpoint_writes_total` | counter | | checkpoints written |
+//! | `murmur_checkpoint_failures_total` | counter | | checkpoints that could not be written (training goes on) |
 //! | `murmur_training_step` | gauge | | optimizer step this peer is at |
 //! | `murmur_training_samples_total` | counter | | samples trained on since the daemon started |
 //! | `murmur_training_loss` | gauge | | training loss of the last step |
@@ -32,13 +36,16 @@
 //! | `murmur_training_learning_rate` | gauge | | learning rate of the last step |
 //! | `murmur_training_device_info` | gauge | device | always 1; `device` is where the model's passes run (`cpu`, `cuda:N`) |
 //! | `murmur_averaging_rounds_total` | counter | mode, outcome | averaging rounds finished |
-//! | `murmur_averaging_round_duration_seconds` | histogram | mode, outcome | wall time of one round, start to applied |
+//! | `murmur_averaging_round_duration_seconds` | histogram | mode, outcome | wall time of one round, start to applied (SGP: one push-sum share, sent to delivered) |
+//! | `murmur_averaging_busy_seconds_total` | counter | mode | wall time with at least one round or share in flight; overlapping ones count once, so its rate is at most 1 (the durations' sum is not: overlap SGP has several shares in flight at once) |
 //! | `murmur_averaging_coverage_ratio` | gauge | mode | fraction of the vector averaged with at least one other peer, last round |
 //! | `murmur_averaging_group_size` | gauge | mode | peers whose contribution entered the last round, this one included |
 //! | `murmur_averaging_push_sum_weight` | gauge | | this peer's push-sum weight `w` (SGP) |
 //! | `murmur_averaging_consensus_drift` | gauge | | relative L2 distance `‖x − x̄‖ / ‖x̄‖` between this peer's parameters and the last average it saw |
 //! | `murmur_averaging_stragglers_dropped_total` | counter | mode | group members dropped from a round for not sending in time |
 //! | `murmur_averaging_parts_timed_out_total` | counter | mode | parts whose reducer did not answer in time (kept local values) |
+//! | `murmur_averaging_step_rate_ratio` | gauge | | SGP: this peer's step rate over the median of its peers', from their heartbeat steps over 30 s; absent until known |
+//! | `murmur_averaging_slow_peers` | gauge | | SGP: peers, this one included, stepping at under half the median step rate; absent outside SGP and until known |
 //! | `murmur_averaging_share_refusals_total` | counter | event | push-sum shares refused for a reference the receiver did not hold (SGP): `refused` here, or sent from here and `taken_back` or `lost` |
 //! | `murmur_averaging_weights_capped_total` | counter | | senders whose declared weight this peer's reductions cut to `averaging.butterfly.max_weight_ratio` times the median |
 //! | `murmur_averaging_contributions_rejected_total` | counter | | contributions this peer's CenteredClip reductions set aside as outliers, summed over chunks |
@@ -68,10 +75,13 @@
 //! The `murmur_net_*` counters without a `codec` label and the throughput gauges are read
 //! from the network layer's own counters when `/metrics` is scraped, once
 //! [`network::NetworkMetrics::attach`] has been called; the process metrics are read from
-//! `/proc/self` at scrape time (Linux only; elsewhere they are absent).
+//! `/proc/self` at scrape time (Linux only; elsewhere they are absent); `murmur_paused` and
+//! the SGP straggler gauges are read from the [`StatusBoard`] at scrape time
+//! ([`Metrics::refresh_from`]), since the board holds the paused flag and the heartbeats.
 //!
-//! Updates cost one or two relaxed atomic operations each; [`Metrics::disabled`] makes them
-//! no-ops for measuring that cost.
+//! Updates cost one or two relaxed atomic operations each, except that a finished round also
+//! takes an uncontended lock to merge its interval into the busy time, and a step one on the
+//! status board; [`Metrics::disabled`] makes them no-ops for measuring that cost.
 
 // Not yet driven by the run loop: the GPU gauges (no GPU backend in `murmur run` yet), the
 // per-codec byte counters, the consensus-drift gauge and `Metrics::disabled` (for the
@@ -85,6 +95,8 @@
 )]
 
 mod averaging;
+mod busy;
+mod daemon;
 mod gpu;
 mod http;
 mod logging;
@@ -93,6 +105,7 @@ mod process;
 mod registry;
 mod request;
 mod status;
+mod stragglers;
 mod training;
 
 pub(crate) use averaging::{Refusal, RoundOutcome, RoundSummary};
@@ -100,7 +113,7 @@ pub(crate) use http::{HttpLimits, serve};
 pub(crate) use logging::{LogFormat, init_logging};
 pub(crate) use registry::{Metrics, MetricsOptions};
 #[cfg(test)]
-pub(crate) use status::{PeerStatus, RoundStatus};
+pub(crate) use status::{BootstrapStatus, PeerStatus, RoundStatus};
 pub(crate) use status::{StatusBoard, StatusIdentity, StatusReport};
 
 /// The port `/metrics`, `/status` and `/healthz` are served on unless the config says

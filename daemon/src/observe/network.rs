@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use murmur_gossip::net::{NetHandle, NetMetricsSnapshot, PeerBandwidth};
+use murmur_gossip::net::{BootstrapDial, NetHandle, NetMetricsSnapshot, PeerBandwidth};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::frame::FrameKind;
 use murmur_protocol::identity::PeerId;
@@ -31,6 +31,10 @@ pub(crate) trait NetSource: Send + Sync + 'static {
     fn counters(&self) -> NetMetricsSnapshot;
     /// Every peer's throughput estimate.
     fn bandwidth(&self) -> Vec<(PeerId, PeerBandwidth)>;
+    /// What the dials to each bootstrap address gave.
+    fn bootstrap(&self) -> Vec<BootstrapDial> {
+        Vec::new()
+    }
 }
 
 impl NetSource for NetHandle {
@@ -40,6 +44,10 @@ impl NetSource for NetHandle {
 
     fn bandwidth(&self) -> Vec<(PeerId, PeerBandwidth)> {
         self.bandwidth_estimator().all()
+    }
+
+    fn bootstrap(&self) -> Vec<BootstrapDial> {
+        self.bootstrap_dials()
     }
 }
 
@@ -127,6 +135,11 @@ impl NetworkMetrics {
     /// The network layer's counters now, if a source is attached.
     pub(crate) fn counters(&self) -> Option<NetMetricsSnapshot> {
         self.source.get().map(|s| s.counters())
+    }
+
+    /// What the dials to each bootstrap address gave, if a source is attached.
+    pub(crate) fn bootstrap(&self) -> Vec<BootstrapDial> {
+        self.source.get().map(|s| s.bootstrap()).unwrap_or_default()
     }
 
     /// Every peer's throughput estimate now, if a source is attached.
@@ -404,14 +417,7 @@ pub(super) mod tests {
     }
 
     fn text(registry: &Registry) -> String {
-        let mut out = Vec::new();
-        prometheus::Encoder::encode(
-            &prometheus::TextEncoder::new(),
-            &registry.gather(),
-            &mut out,
-        )
-        .expect("encodes");
-        String::from_utf8(out).expect("utf-8")
+        super::super::registry::exposition(registry)
     }
 
     #[test]

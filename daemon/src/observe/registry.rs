@@ -1,6 +1,7 @@
 //! [`Metrics`]: the daemon's one Prometheus registry and the typed groups registered in it.
 
 use std::collections::HashMap;
+use std::time::Instant;
 
 use murmur_trainer::TrainerDevice;
 use prometheus::core::{Collector, Desc};
@@ -9,9 +10,11 @@ use prometheus::{Encoder as _, Registry, TextEncoder};
 
 use super::ObserveError;
 use super::averaging::AveragingMetrics;
+use super::daemon::DaemonMetrics;
 use super::gpu::GpuMetrics;
 use super::network::NetworkMetrics;
 use super::process::ProcessCollector;
+use super::status::{StatusBoard, StatusIdentity};
 use super::training::TrainingMetrics;
 
 /// What to register besides the metrics every daemon has.
@@ -31,6 +34,8 @@ pub(crate) struct MetricsOptions {
 #[derive(Debug, Clone)]
 pub(crate) struct Metrics {
     registry: Registry,
+    /// What the daemon runs, whether it is paused, its checkpoints.
+    pub(crate) daemon: DaemonMetrics,
     /// Optimizer progress.
     pub(crate) training: TrainingMetrics,
     /// Averaging rounds, by mode and outcome.
@@ -46,6 +51,7 @@ impl Metrics {
     /// Registers every metric in a fresh registry.
     pub(crate) fn new(options: MetricsOptions) -> Result<Metrics, ObserveError> {
         let registry = Registry::new();
+        let daemon = DaemonMetrics::register(&registry)?;
         let training = TrainingMetrics::register(&registry, options.device)?;
         let averaging = AveragingMetrics::register(&registry)?;
         let network = NetworkMetrics::register(&registry)?;
@@ -57,6 +63,7 @@ impl Metrics {
         register(&registry, ProcessCollector::new()?)?;
         Ok(Metrics {
             registry,
+            daemon,
             training,
             averaging,
             network,
@@ -70,12 +77,30 @@ impl Metrics {
     pub(crate) fn disabled() -> Metrics {
         Metrics {
             registry: Registry::new(),
+            daemon: DaemonMetrics::disabled(),
             training: TrainingMetrics::disabled(),
             averaging: AveragingMetrics::disabled(),
             network: NetworkMetrics::disabled(),
             gpu: GpuMetrics::disabled(),
             enabled: false,
         }
+    }
+
+    /// Sets `murmur_build_info` for the daemon `identity` (its status board's).
+    pub(crate) fn set_build_info(&self, identity: &StatusIdentity) {
+        self.daemon.set_build_info(identity);
+    }
+
+    /// Brings the gauges that the status board holds the truth of up to date: the paused
+    /// flag (which `POST /pause` and SIGUSR1 both set there) and the step rates of this peer
+    /// and the peers it hears (SGP stragglers). `/metrics` calls it before every scrape.
+    pub(crate) fn refresh_from(&self, board: &StatusBoard) {
+        if !self.enabled {
+            return;
+        }
+        self.daemon.set_paused(board.is_paused());
+        self.averaging
+            .set_stragglers(board.stragglers(Instant::now()));
     }
 
     /// Whether updates are recorded.
@@ -166,6 +191,19 @@ pub(super) fn family(desc: &Desc, kind: MetricType, samples: Vec<Metric>) -> Met
     family
 }
 
+/// `registry` in the Prometheus text format, for the metric modules' tests.
+#[cfg(test)]
+pub(super) fn exposition(registry: &prometheus::Registry) -> String {
+    let mut out = Vec::new();
+    prometheus::Encoder::encode(
+        &prometheus::TextEncoder::new(),
+        &registry.gather(),
+        &mut out,
+    )
+    .expect("encodes");
+    String::from_utf8(out).expect("utf-8")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +230,60 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), before, "a family appears twice");
+    }
+
+    /// The metric names the table in the module docs (`observe/mod.rs`) lists.
+    fn documented() -> std::collections::BTreeSet<String> {
+        include_str!("mod.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("//! | `murmur_"))
+            .filter_map(|rest| rest.split_once('`'))
+            .map(|(name, _)| format!("murmur_{name}"))
+            .collect()
+    }
+
+    #[test]
+    fn the_module_docs_list_exactly_the_metrics_a_daemon_exports() {
+        let metrics = Metrics::new(MetricsOptions {
+            gpu: true,
+            ..MetricsOptions::default()
+        })
+        .expect("registers");
+        // Feed every family that exists only once it has something to say.
+        let attached = std::sync::Arc::new(super::super::network::tests::busy_net());
+        metrics.network.attach(attached).expect("attach");
+        metrics.set_build_info(&StatusIdentity {
+            peer_id: "12D3KooW".to_owned(),
+            swarm: "s".to_owned(),
+            mode: "sgp".to_owned(),
+            codec: "f32".to_owned(),
+            device: "cpu".to_owned(),
+        });
+        metrics
+            .averaging
+            .set_stragglers(Some(super::super::stragglers::StragglerReading {
+                ratio: Some(1.0),
+                slow_peers: 0,
+            }));
+        metrics.gpu.set_memory(1, 2);
+        metrics.gpu.record_kernel_time("encode", 0.5);
+        let kind = murmur_protocol::frame::FrameKind::Heartbeat;
+        metrics.network.record_sent(None, kind, 1);
+        metrics.network.record_received(None, kind, 1);
+        let exported: std::collections::BTreeSet<String> = metrics
+            .registry
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        let listed = documented();
+        let unlisted: Vec<&String> = exported.difference(&listed).collect();
+        let unexported: Vec<&String> = listed.difference(&exported).collect();
+        assert!(
+            unlisted.is_empty() && unexported.is_empty(),
+            "exported but not in the table of observe/mod.rs: {unlisted:?}\n\
+             in the table but not exported: {unexported:?}"
+        );
     }
 
     #[test]

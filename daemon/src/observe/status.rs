@@ -4,13 +4,14 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use murmur_gossip::net::{NetMetricsSnapshot, PeerBandwidth};
+use murmur_gossip::net::{BootstrapDial, DialResult, NetMetricsSnapshot, PeerBandwidth};
 use murmur_protocol::identity::PeerId;
-use murmur_protocol::message::HeartbeatBody;
+use murmur_protocol::message::{AveragingMode, HeartbeatBody};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::averaging::RoundSummary;
+use super::stragglers::{StepTrack, StragglerReading};
 
 /// Rounds kept for `/status`, newest first.
 pub(crate) const LAST_ROUNDS: usize = 16;
@@ -67,6 +68,10 @@ pub(crate) struct StatusReport {
     pub(crate) bytes_received: u64,
     /// Peers heard from, in peer-id order.
     pub(crate) peers: Vec<PeerStatus>,
+    /// Each bootstrap address (`net.bootstrap`) and what dialing it gave, in the config's
+    /// order. Absent from older daemons' documents.
+    #[serde(default)]
+    pub(crate) bootstrap: Vec<BootstrapStatus>,
     /// The last averaging rounds, newest first, at most [`LAST_ROUNDS`].
     pub(crate) last_rounds: Vec<RoundStatus>,
 }
@@ -90,6 +95,38 @@ pub(crate) struct PeerStatus {
     pub(crate) measured_upload_bytes_per_s: Option<f64>,
     /// The rate this peer measured receiving from it; `null` until a large transfer completed.
     pub(crate) measured_download_bytes_per_s: Option<f64>,
+}
+
+/// One bootstrap address and its dials.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct BootstrapStatus {
+    /// The address, as configured.
+    pub(crate) address: String,
+    /// Dials made to it.
+    pub(crate) attempts: u64,
+    /// Dials that failed in a row, up to the last one.
+    pub(crate) failures_in_a_row: u64,
+    /// The peer the last dial reached; `null` if it failed or none finished yet.
+    pub(crate) reached: Option<String>,
+    /// Why the last dial failed; `null` if it reached a peer or none finished yet.
+    pub(crate) error: Option<String>,
+}
+
+impl From<BootstrapDial> for BootstrapStatus {
+    fn from(dial: BootstrapDial) -> Self {
+        let (reached, error) = match dial.last {
+            Some(DialResult::Connected { peer }) => (Some(peer), None),
+            Some(DialResult::Failed { reason }) => (None, Some(reason)),
+            None => (None, None),
+        };
+        BootstrapStatus {
+            address: dial.address,
+            attempts: dial.attempts,
+            failures_in_a_row: dial.failures_in_a_row,
+            reached,
+            error,
+        }
+    }
 }
 
 /// One finished averaging round.
@@ -125,12 +162,18 @@ struct BoardState {
     samples_per_s: f64,
     peers: BTreeMap<PeerId, HeardPeer>,
     rounds: VecDeque<(RoundSummary, Instant)>,
+    /// Whether step rates are tracked: in SGP, where heartbeats announce local steps.
+    sgp: bool,
+    /// This peer's own steps, for its step rate (SGP).
+    own_steps: StepTrack,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct HeardPeer {
     body: HeartbeatBody,
     at: Instant,
+    /// The steps its SGP heartbeats announced.
+    steps: StepTrack,
 }
 
 /// The daemon's live status and its paused flag. Cheap to clone; every clone is the same
@@ -145,6 +188,7 @@ pub(crate) struct StatusBoard {
 impl StatusBoard {
     /// A board for the daemon `identity`, not paused, started now.
     pub(crate) fn new(identity: StatusIdentity) -> StatusBoard {
+        let sgp = identity.mode == AveragingMode::Sgp.name();
         StatusBoard {
             state: Arc::new(Mutex::new(BoardState {
                 identity,
@@ -155,6 +199,8 @@ impl StatusBoard {
                 samples_per_s: 0.0,
                 peers: BTreeMap::new(),
                 rounds: VecDeque::with_capacity(LAST_ROUNDS),
+                sgp,
+                own_steps: StepTrack::default(),
             })),
             paused: Arc::new(watch::Sender::new(false)),
             started: Instant::now(),
@@ -163,7 +209,22 @@ impl StatusBoard {
 
     /// One optimizer step done: at `step`, `samples_total` samples trained on since start.
     pub(crate) fn record_step(&self, step: u64, samples_total: u64, loss: f64, samples_per_s: f64) {
+        self.record_step_at(step, samples_total, loss, samples_per_s, Instant::now());
+    }
+
+    /// [`StatusBoard::record_step`], with the time it happened.
+    pub(crate) fn record_step_at(
+        &self,
+        step: u64,
+        samples_total: u64,
+        loss: f64,
+        samples_per_s: f64,
+        at: Instant,
+    ) {
         let mut s = self.lock();
+        if s.sgp {
+            s.own_steps.note(at, step);
+        }
         s.step = step;
         s.samples = samples_total;
         s.loss = finite(loss);
@@ -177,15 +238,25 @@ impl StatusBoard {
 
     /// A verified heartbeat from `peer` arrived.
     pub(crate) fn record_heartbeat(&self, peer: PeerId, body: &HeartbeatBody) {
+        self.record_heartbeat_at(peer, body, Instant::now());
+    }
+
+    /// [`StatusBoard::record_heartbeat`], with the time it arrived.
+    pub(crate) fn record_heartbeat_at(&self, peer: PeerId, body: &HeartbeatBody, at: Instant) {
         let mut s = self.lock();
-        let heard = HeardPeer {
+        let track = s.sgp && body.mode == AveragingMode::Sgp;
+        if !s.peers.contains_key(&peer) && s.peers.len() >= MAX_LISTED_PEERS {
+            return;
+        }
+        let heard = s.peers.entry(peer).or_insert_with(|| HeardPeer {
             body: *body,
-            at: Instant::now(),
-        };
-        if let Some(entry) = s.peers.get_mut(&peer) {
-            *entry = heard;
-        } else if s.peers.len() < MAX_LISTED_PEERS {
-            s.peers.insert(peer, heard);
+            at,
+            steps: StepTrack::default(),
+        });
+        heard.body = *body;
+        heard.at = at;
+        if track {
+            heard.steps.note(at, body.step);
         }
     }
 
@@ -201,6 +272,27 @@ impl StatusBoard {
             s.rounds.pop_front();
         }
         s.rounds.push_back((*round, Instant::now()));
+    }
+
+    /// Who this daemon is.
+    pub(crate) fn identity(&self) -> StatusIdentity {
+        self.lock().identity.clone()
+    }
+
+    /// What the step rates of this peer and the peers it hears say about stragglers, at
+    /// `now`; `None` outside SGP and until both rates are known (see
+    /// [`super::stragglers`]).
+    pub(crate) fn stragglers(&self, now: Instant) -> Option<StragglerReading> {
+        let s = self.lock();
+        if !s.sgp {
+            return None;
+        }
+        let peers: Vec<f64> = s
+            .peers
+            .values()
+            .filter_map(|p| p.steps.heard_rate())
+            .collect();
+        StragglerReading::from_rates(s.own_steps.own_rate(now), &peers)
     }
 
     /// Whether training should be paused now.
@@ -219,12 +311,13 @@ impl StatusBoard {
         self.paused.subscribe()
     }
 
-    /// The status now. `net` and `bandwidth` are the network layer's counters and
-    /// estimates, when it is attached.
+    /// The status now. `net`, `bandwidth` and `bootstrap` are the network layer's
+    /// counters, estimates and bootstrap dials, when it is attached.
     pub(crate) fn report(
         &self,
         net: Option<NetMetricsSnapshot>,
         bandwidth: &[(PeerId, PeerBandwidth)],
+        bootstrap: Vec<BootstrapDial>,
     ) -> StatusReport {
         let now = Instant::now();
         let paused = self.is_paused();
@@ -286,6 +379,7 @@ impl StatusBoard {
             bytes_sent: net.tensor_bytes_sent,
             bytes_received: net.tensor_bytes_received,
             peers,
+            bootstrap: bootstrap.into_iter().map(BootstrapStatus::from).collect(),
             last_rounds,
         }
     }

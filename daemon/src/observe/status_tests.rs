@@ -64,7 +64,7 @@ fn a_report_round_trips_through_json() {
         tensor_bytes_received: 456,
         ..NetMetricsSnapshot::default()
     };
-    let report = board.report(Some(net), &bandwidth.all());
+    let report = board.report(Some(net), &bandwidth.all(), Vec::new());
 
     let json = serde_json::to_string(&report).expect("serializes");
     let back: StatusReport = serde_json::from_str(&json).expect("parses");
@@ -96,7 +96,7 @@ fn a_diverged_loss_reads_as_null_and_the_json_still_parses() {
     let board = board();
     board.record_step(1, 8, f64::NAN, f64::INFINITY);
     board.set_eval_loss(f64::NEG_INFINITY);
-    let report = board.report(None, &[]);
+    let report = board.report(None, &[], Vec::new());
     let json = serde_json::to_value(&report).expect("serializes");
     assert!(json["loss"].is_null(), "{json}");
     assert!(json["eval_loss"].is_null(), "{json}");
@@ -112,7 +112,7 @@ fn only_the_last_rounds_are_kept_newest_first() {
     for group_size in 1..=total {
         board.record_round(&round(group_size));
     }
-    let rounds = board.report(None, &[]).last_rounds;
+    let rounds = board.report(None, &[], Vec::new()).last_rounds;
     assert_eq!(rounds.len(), LAST_ROUNDS);
     let sizes: Vec<u32> = rounds.iter().map(|r| r.group_size).collect();
     let expected: Vec<u32> = (6..=total).rev().collect();
@@ -125,18 +125,21 @@ fn peers_are_updated_in_place_forgotten_and_bounded() {
     board.record_heartbeat(peer(1), &heartbeat(1));
     board.record_heartbeat(peer(1), &heartbeat(2));
     board.record_heartbeat(peer(2), &heartbeat(7));
-    let peers = board.report(None, &[]).peers;
+    let peers = board.report(None, &[], Vec::new()).peers;
     assert_eq!(peers.len(), 2);
     let first = peers.iter().find(|p| p.peer_id == peer(1).to_string());
     assert_eq!(first.map(|p| p.last_heartbeat_step), Some(2));
     board.forget_peer(&peer(1));
-    assert_eq!(board.report(None, &[]).peers.len(), 1);
+    assert_eq!(board.report(None, &[], Vec::new()).peers.len(), 1);
 
     let listed = u16::try_from(MAX_LISTED_PEERS).expect("small");
     for n in 10..listed + 20 {
         board.record_heartbeat(peer(n), &heartbeat(3));
     }
-    assert_eq!(board.report(None, &[]).peers.len(), MAX_LISTED_PEERS);
+    assert_eq!(
+        board.report(None, &[], Vec::new()).peers.len(),
+        MAX_LISTED_PEERS
+    );
 }
 
 #[tokio::test]
@@ -156,5 +159,71 @@ async fn pausing_flips_the_flag_and_wakes_a_waiting_run_loop() {
     assert!(*watch.borrow_and_update());
     assert!(board.clone().set_paused(false), "a clone shares the flag");
     assert!(!board.is_paused());
-    assert!(!board.report(None, &[]).paused);
+    assert!(!board.report(None, &[], Vec::new()).paused);
+}
+
+fn sgp_board() -> StatusBoard {
+    StatusBoard::new(StatusIdentity {
+        mode: "sgp".to_owned(),
+        ..board().identity()
+    })
+}
+
+fn sgp_heartbeat(step: u64) -> HeartbeatBody {
+    HeartbeatBody {
+        mode: AveragingMode::Sgp,
+        ..heartbeat(step)
+    }
+}
+
+/// One minute of an SGP swarm where two peers heartbeat every second, stepping 9 times a
+/// second, and this one steps `own_per_second` times a second.
+fn a_minute_of_sgp(board: &StatusBoard, own_per_second: u64) -> std::time::Instant {
+    let start = std::time::Instant::now();
+    for s in 0..=60u32 {
+        let at = start + Duration::from_secs(u64::from(s));
+        let step = u64::from(s);
+        board.record_step_at(step * own_per_second, step * 32, 2.0, 30.0, at);
+        board.record_heartbeat_at(peer(1), &sgp_heartbeat(step * 9), at);
+        board.record_heartbeat_at(peer(2), &sgp_heartbeat(step * 9), at);
+    }
+    start + Duration::from_secs(60)
+}
+
+#[test]
+fn an_sgp_peer_at_a_third_of_its_peers_speed_reads_as_a_straggler() {
+    let board = sgp_board();
+    let now = a_minute_of_sgp(&board, 3);
+    let reading = board.stragglers(now).expect("rates known after a minute");
+    let ratio = reading.ratio.expect("a ratio");
+    assert!((ratio - 1.0 / 3.0).abs() < 1e-9, "{ratio}");
+    assert_eq!(reading.slow_peers, 1);
+
+    let even = sgp_board();
+    let now = a_minute_of_sgp(&even, 9);
+    let reading = even.stragglers(now).expect("rates known after a minute");
+    assert_eq!(reading.slow_peers, 0);
+    assert!((reading.ratio.expect("a ratio") - 1.0).abs() < 1e-9);
+}
+
+#[test]
+fn straggler_readings_need_sgp_and_forget_departed_peers() {
+    let round_mode = board();
+    let start = std::time::Instant::now();
+    for s in 0..=60u32 {
+        let at = start + Duration::from_secs(u64::from(s));
+        round_mode.record_step_at(u64::from(s), 0, 2.0, 30.0, at);
+        round_mode.record_heartbeat_at(peer(1), &heartbeat(u64::from(s) * 9), at);
+    }
+    assert_eq!(
+        round_mode.stragglers(start + Duration::from_secs(60)),
+        None,
+        "heartbeat steps are rounds outside SGP"
+    );
+
+    let board = sgp_board();
+    let now = a_minute_of_sgp(&board, 3);
+    board.forget_peer(&peer(1));
+    board.forget_peer(&peer(2));
+    assert_eq!(board.stragglers(now), None, "no peer left to compare with");
 }

@@ -121,14 +121,7 @@ mod tests {
     use super::*;
 
     fn text(registry: &Registry) -> String {
-        let mut out = Vec::new();
-        prometheus::Encoder::encode(
-            &prometheus::TextEncoder::new(),
-            &registry.gather(),
-            &mut out,
-        )
-        .expect("encodes");
-        String::from_utf8(out).expect("utf-8")
+        super::super::registry::exposition(registry)
     }
 
     #[test]

@@ -8,7 +8,7 @@ use murmur_gossip::net::driver::{EngineClock, member_event, publish_heartbeat};
 use murmur_protocol::identity::PeerId;
 use tokio::sync::broadcast;
 
-use super::peer::Peer;
+use super::peer::{Peer, Request};
 
 /// How long a peer with bootstrap addresses waits for its first peer before training alone.
 const FIRST_PEER_WAIT: Duration = Duration::from_secs(10);
@@ -17,6 +17,16 @@ const MEET_TICK: Duration = Duration::from_secs(1);
 /// Heartbeat intervals a meeting peer waits, past its first interval and a half, for the
 /// news that tells it the swarm's step.
 const NEWS_WAIT_INTERVALS: u32 = 4;
+
+/// How a meeting ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(crate) enum Met {
+    /// Enough is known to start training.
+    Ready,
+    /// SIGINT or SIGTERM came first: leave without training.
+    Stopped,
+}
 
 /// Waits (bounded) until the swarm is known well enough to start: `training.min_peers`
 /// peers authorized (at most `training.start_timeout_ms`), and, when any peer is known,
@@ -28,18 +38,19 @@ const NEWS_WAIT_INTERVALS: u32 = 4;
 /// (or the initial parameters) while the swarm is far ahead, and pull every peer back
 /// towards them. So the meeting peer heartbeats too (step 0: it trains nothing yet), so
 /// that peers meeting at the same time hear each other at once, and so that the swarm
-/// notices when it dies before training (it is then given up as silent).
+/// notices when it dies before training (it is then given up as silent). SIGINT and SIGTERM
+/// end the wait ([`Met::Stopped`]); SIGUSR1 and SIGUSR2 pause and resume as in training.
 pub(crate) async fn meet_the_swarm(
-    peer: &Peer,
+    peer: &mut Peer,
     events: &mut broadcast::Receiver<NetEvent>,
     membership: &mut Membership<PeerId>,
     clock: &EngineClock,
     resumed_step: u64,
-) {
+) -> Met {
     let min_peers = peer.settings.min_peers;
     let discovers = !peer.settings.net.bootstrap.is_empty() || peer.settings.net.mdns;
     if min_peers == 0 && !discovers {
-        return;
+        return Met::Ready;
     }
     let first_wait = if min_peers > 0 {
         peer.settings.start_timeout
@@ -79,7 +90,18 @@ pub(crate) async fn meet_the_swarm(
         for check in checks.into_iter().filter(|&t| t > now) {
             wake = wake.min(check);
         }
-        match tokio::time::timeout_at(wake, events.recv()).await {
+        let received = tokio::select! {
+            received = tokio::time::timeout_at(wake, events.recv()) => received,
+            request = peer.signals.next() => {
+                match request {
+                    Request::Stop => return Met::Stopped,
+                    Request::Pause => peer.set_paused(true),
+                    Request::Resume => peer.set_paused(false),
+                }
+                continue;
+            }
+        };
+        match received {
             Err(_) => {}
             Ok(Err(broadcast::error::RecvError::Closed)) => break,
             Ok(Err(_)) => {}
@@ -107,6 +129,7 @@ pub(crate) async fn meet_the_swarm(
             "no heartbeat heard from any peer: the swarm's step is unknown, starting as if it had none"
         );
     }
+    Met::Ready
 }
 
 /// Keeps `/status`'s list of peers up to date from the network's events.

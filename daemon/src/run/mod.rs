@@ -135,6 +135,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         codec: settings.codec.to_string(),
         device: settings.device.label(),
     });
+    metrics.set_build_info(&board.identity());
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
     let server = match settings.metrics_listen {
         Some(addr) => {
@@ -149,16 +150,33 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
                 shutdown,
             )
             .await
-            .context("cannot serve the metrics and status endpoints")?;
+            .with_context(|| {
+                format!(
+                    "cannot serve the metrics and status endpoints on {addr} (metrics.listen; \
+                     another peer on this host may hold the port: give each its own)"
+                )
+            })?;
             tracing::info!(addr = %server.local_addr(), "serving /metrics, /status and /healthz");
             Some(server)
         }
         None => None,
     };
     let metrics_addr = server.as_ref().map(|s| s.local_addr().to_string());
-    let progress = Progress::new(settings.progress, me.to_string(), settings.mode_name());
+    let progress = Progress::new(
+        settings.progress,
+        settings.status_lines,
+        me.to_string(),
+        settings.mode_name(),
+    );
     progress.ready(&listen, len, initial_eval_loss, loss_floor, metrics_addr);
-    tracing::info!(peer = %me, params = len, mode = settings.mode_name(), device = %settings.device.kind, "ready");
+    tracing::info!(
+        peer = %me,
+        params = len,
+        mode = settings.mode_name(),
+        device = %settings.device.kind,
+        "ready; other peers can bootstrap from {}",
+        if listen.is_empty() { "nowhere (no listen address)".to_owned() } else { listen.join(" ") }
+    );
 
     let traffic = Traffic::new(metrics.clone());
     let interval = settings.heartbeat_interval;
@@ -186,14 +204,23 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         settings,
     };
     let resumed_step = resume(&mut peer, &mut params);
-    meet::meet_the_swarm(
-        &peer,
+    let met = meet::meet_the_swarm(
+        &mut peer,
         &mut events,
         &mut membership,
         &clock,
         resumed_step.unwrap_or(0),
     )
     .await;
+    if met == meet::Met::Stopped {
+        tracing::info!("stop requested before training started: leaving");
+        peer.report_progress(membership.len());
+        let losses = peer.eval_losses();
+        peer.progress.done(&peer.counters, losses, "signal", None);
+        let _ = stop_http.send(());
+        let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
+        return Ok(());
+    }
     let swarm_step = membership.swarm_step();
     let mode = peer.settings.mode();
     // The swarm's state wins when it is newer than our checkpoint. SGP's heartbeats count

@@ -436,12 +436,17 @@ impl Peer {
     /// Writes the current state into the checkpoint folder (atomically; the oldest beyond
     /// `checkpoint.keep` are removed).
     pub(crate) fn write_checkpoint(&self, params: &[f32]) -> anyhow::Result<()> {
-        let store =
+        let written =
             CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
-                .context("cannot open the checkpoint folder")?;
-        let path = store
-            .write(&self.snapshot(params))
-            .context("cannot write the checkpoint")?;
+                .context("cannot open the checkpoint folder")
+                .and_then(|store| {
+                    let snapshot = self.snapshot(params);
+                    store
+                        .write(&snapshot)
+                        .context("cannot write the checkpoint")
+                });
+        self.metrics.daemon.record_checkpoint(written.is_ok());
+        let path = written?;
         tracing::info!(path = %path.display(), step = self.counters.step, "checkpoint written");
         Ok(())
     }

@@ -1,5 +1,6 @@
-//! `--progress`: one JSON object per line on stdout, for `murmur local` and scripts.
-//! The format is documented in docs/progress.md.
+//! What a peer tells whoever watches it: with `--progress`, one JSON object per line on
+//! stdout, for `murmur local` and scripts (the format is documented in docs/progress.md);
+//! unless `--quiet`, a short human line in the log every few seconds.
 
 use std::io::Write as _;
 use std::time::{Duration, Instant};
@@ -12,6 +13,9 @@ use murmur_protocol::identity::PeerId;
 
 /// Progress lines come at most this often.
 const PROGRESS_EVERY: Duration = Duration::from_millis(500);
+
+/// The human status line in the log comes at most this often.
+const STATUS_LINE_EVERY: Duration = Duration::from_secs(5);
 
 /// Counters a progress line reports.
 #[derive(Debug, Clone, Copy, Default)]
@@ -50,16 +54,38 @@ pub(crate) struct Progress {
     mode: &'static str,
     started: Instant,
     last: Option<Instant>,
+    /// The last human status line: when, and the byte counters then (for the rates).
+    status_line: Option<StatusLine>,
+}
+
+/// Where the human status line stands.
+#[derive(Debug, Clone, Copy)]
+struct StatusLine {
+    at: Instant,
+    bytes_sent: u64,
+    bytes_received: u64,
 }
 
 impl Progress {
-    pub(crate) fn new(enabled: bool, peer: String, mode: &'static str) -> Progress {
+    /// `json`: JSON lines on stdout. `status_lines`: the human line in the log.
+    pub(crate) fn new(
+        json: bool,
+        status_lines: bool,
+        peer: String,
+        mode: &'static str,
+    ) -> Progress {
+        let started = Instant::now();
         Progress {
-            enabled,
+            enabled: json,
             peer,
             mode,
-            started: Instant::now(),
+            started,
             last: None,
+            status_line: status_lines.then_some(StatusLine {
+                at: started,
+                bytes_sent: 0,
+                bytes_received: 0,
+            }),
         }
     }
 
@@ -100,9 +126,11 @@ impl Progress {
         }));
     }
 
-    /// A progress line, unless one went out less than 500 ms ago.
+    /// A progress line, unless one went out less than 500 ms ago; and the human status line
+    /// in the log, unless one went out less than 5 s ago.
     pub(crate) fn progress(&mut self, c: &Counters) {
         let now = Instant::now();
+        self.status_line(now, c);
         if self.last.is_some_and(|last| now - last < PROGRESS_EVERY) {
             return;
         }
@@ -122,6 +150,40 @@ impl Progress {
             "drift": c.drift,
             "rss_bytes": resident_bytes(),
         }));
+    }
+
+    /// Logs `step 1200 · loss 2.41 · 3 peers · 420 samples/s · up 1.2 MB/s · down 1.1
+    /// MB/s` at most every [`STATUS_LINE_EVERY`].
+    fn status_line(&mut self, now: Instant, c: &Counters) {
+        let Some(last) = self.status_line else {
+            return;
+        };
+        let elapsed = now.saturating_duration_since(last.at);
+        if elapsed < STATUS_LINE_EVERY {
+            return;
+        }
+        let seconds = elapsed.as_secs_f64();
+        let up = c.bytes_sent.saturating_sub(last.bytes_sent) as f64 / seconds;
+        let down = c.bytes_received.saturating_sub(last.bytes_received) as f64 / seconds;
+        tracing::info!(
+            target: "murmur::status",
+            "step {} · loss {:.4} · {} · {:.0} samples/s · up {} · down {}",
+            c.step,
+            c.loss,
+            match c.peers {
+                0 => "alone".to_owned(),
+                1 => "1 peer".to_owned(),
+                n => format!("{n} peers"),
+            },
+            c.samples_per_s,
+            rate(up),
+            rate(down),
+        );
+        self.status_line = Some(StatusLine {
+            at: now,
+            bytes_sent: c.bytes_sent,
+            bytes_received: c.bytes_received,
+        });
     }
 
     pub(crate) fn eval(&self, step: u64, eval_loss: f32) {
@@ -180,6 +242,17 @@ impl Progress {
     }
 }
 
+/// Bytes per second for people: `850 B/s`, `12.3 kB/s`, `4.1 MB/s`.
+fn rate(bytes_per_s: f64) -> String {
+    if bytes_per_s < 1e3 {
+        format!("{bytes_per_s:.0} B/s")
+    } else if bytes_per_s < 1e6 {
+        format!("{:.1} kB/s", bytes_per_s / 1e3)
+    } else {
+        format!("{:.1} MB/s", bytes_per_s / 1e6)
+    }
+}
+
 /// This process's resident memory, from `/proc/self/status`; `None` where there is no such
 /// file (not Linux) or it cannot be read.
 fn resident_bytes() -> Option<u64> {
@@ -197,6 +270,14 @@ fn resident_bytes_in(status: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_read_in_human_units() {
+        assert_eq!(rate(0.0), "0 B/s");
+        assert_eq!(rate(850.4), "850 B/s");
+        assert_eq!(rate(12_345.0), "12.3 kB/s");
+        assert_eq!(rate(4_100_000.0), "4.1 MB/s");
+    }
 
     #[test]
     fn resident_memory_is_read_from_the_status_text() {

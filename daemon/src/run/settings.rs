@@ -44,6 +44,8 @@ pub(crate) struct RunSettings {
     pub(crate) checkpoint_every: u64,
     pub(crate) checkpoint_keep: usize,
     pub(crate) progress: bool,
+    /// The human status line in the log every few seconds (`run` without `--quiet`).
+    pub(crate) status_lines: bool,
     /// Where `/metrics`, `/status` and `/healthz` are served; `None` = not served.
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
 }

@@ -206,6 +206,11 @@ pub(crate) struct PeerDir {
 }
 
 impl PeerDir {
+    /// The swarm authority's peer id.
+    pub(crate) fn authority(&self) -> &str {
+        &self.authority
+    }
+
     /// The config file `murmur run` reads.
     pub(crate) fn config_path(&self) -> PathBuf {
         self.dir.join("murmur.toml")

@@ -22,6 +22,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use super::NetEvent;
 use super::auth::{Admitted, Authorizer};
 use super::behaviour::MurmurBehaviour;
+use super::bootstrap::BootstrapDials;
 use super::config::ValidConfig;
 use super::control::ControlFrame;
 use super::error::NetError;
@@ -139,6 +140,8 @@ pub(crate) struct NetActor {
     /// Dials to addresses without a peer id, until they connect or fail: a peer being waited
     /// for may be at the end of one of them.
     pub(crate) anonymous_dials: HashSet<ConnectionId>,
+    /// The dials to the bootstrap addresses, followed to their end.
+    pub(crate) bootstrap: BootstrapDials,
     /// Peers whose invite this node verified, connected or not: whose heartbeats count.
     pub(crate) invites: VerifiedInvites,
     /// When refused gossip was last logged at warn.
@@ -380,21 +383,36 @@ impl NetActor {
     /// Dials `addr`; by peer id when it ends in `/p2p/<id>`, so that the dial is known to be
     /// for that peer.
     pub(crate) fn dial_addr(&mut self, mut addr: Multiaddr) -> Result<(), DialError> {
+        let original = addr.clone();
         if let Some(Protocol::P2p(peer)) = addr.iter().last() {
             addr.pop();
+            // A peer's bootstrap addresses (its QUIC and TCP ones, say) are each dialed,
+            // so that each gets its own answer: the first unreachable one must not hide
+            // the others.
+            let condition = if self.bootstrap.is_bootstrap(&original) {
+                PeerCondition::Disconnected
+            } else {
+                PeerCondition::DisconnectedAndNotDialing
+            };
             let opts = DialOpts::peer_id(peer)
                 .addresses(vec![addr])
-                .condition(PeerCondition::DisconnectedAndNotDialing)
+                .condition(condition)
                 .build();
+            let id = opts.connection_id();
             return match self.swarm.dial(opts) {
                 Err(DialError::DialPeerConditionFalse(_)) => Ok(()),
-                other => other,
+                Ok(()) => {
+                    self.bootstrap.dialing(id, &original);
+                    Ok(())
+                }
+                Err(e) => Err(e),
             };
         }
         let opts = DialOpts::unknown_peer_id().address(addr).build();
         let id = opts.connection_id();
         self.swarm.dial(opts)?;
         self.anonymous_dials.insert(id);
+        self.bootstrap.dialing(id, &original);
         Ok(())
     }
 

@@ -25,6 +25,7 @@ use crate::engine::{
 };
 use crate::parcel::Parcel;
 
+use super::bootstrap::DialResult;
 use super::exchange::{Mailbox, Outbox};
 use super::{NetEvent, NetHandle};
 
@@ -37,6 +38,10 @@ const MAINTENANCE_EVERY: Duration = Duration::from_secs(1);
 
 /// Between redials of the bootstrap addresses while the membership is short.
 const REDIAL_EVERY: Duration = Duration::from_secs(5);
+/// The first wait between "no peers" warnings; it doubles after each, up to
+/// [`ALONE_WARNING_MAX`].
+const ALONE_WARNING_FIRST: Duration = Duration::from_secs(30);
+const ALONE_WARNING_MAX: Duration = Duration::from_secs(600);
 
 /// What a driver needs to know beside its engine.
 #[derive(Debug, Clone)]
@@ -236,6 +241,7 @@ where
         status: status_tx,
         leave_deadline: None,
         next_redial: None,
+        alone_warning: None,
     };
     let task = tokio::spawn(driver.run());
     EngineHandle {
@@ -257,6 +263,9 @@ struct Driver<E> {
     status: watch::Sender<EngineStatus>,
     leave_deadline: Option<tokio::time::Instant>,
     next_redial: Option<Instant>,
+    /// While this peer knows no peer although it has bootstrap addresses: when to warn
+    /// next, and the wait after that.
+    alone_warning: Option<(Instant, Duration)>,
 }
 
 /// What woke the driver.
@@ -408,11 +417,12 @@ impl<E: Engine<PeerId>> Driver<E> {
         self.engine.set_measured_upload(upload);
         let known = self.engine.membership().len();
         let expected = self.config.expected_peers.max(1);
+        let now = Instant::now();
+        self.warn_while_alone(known, now);
         if self.config.bootstrap.is_empty() || known >= expected {
             self.next_redial = None;
             return;
         }
-        let now = Instant::now();
         if self.next_redial.is_some_and(|next| now < next) {
             return;
         }
@@ -435,6 +445,45 @@ impl<E: Engine<PeerId>> Driver<E> {
                 }
             }
         });
+    }
+}
+
+impl<E: Engine<PeerId>> Driver<E> {
+    /// Warns, with backoff, while this peer knows no peer although it has bootstrap
+    /// addresses, naming each address and what its last dial gave.
+    fn warn_while_alone(&mut self, known: usize, now: Instant) {
+        if known > 0 || self.config.bootstrap.is_empty() {
+            self.alone_warning = None;
+            return;
+        }
+        let (due, wait) = *self
+            .alone_warning
+            .get_or_insert((now + ALONE_WARNING_FIRST, ALONE_WARNING_FIRST));
+        if now < due {
+            return;
+        }
+        let next = (wait * 2).min(ALONE_WARNING_MAX);
+        self.alone_warning = Some((now + next, next));
+        let dials: Vec<String> = self
+            .io
+            .net
+            .bootstrap_dials()
+            .into_iter()
+            .map(|dial| match dial.last {
+                Some(DialResult::Failed { reason }) => format!(
+                    "{} (failed {} times in a row: {reason})",
+                    dial.address, dial.failures_in_a_row
+                ),
+                Some(DialResult::Connected { peer }) => {
+                    format!("{} (reached {peer}, who did not join us)", dial.address)
+                }
+                None => format!("{} (no answer yet)", dial.address),
+            })
+            .collect();
+        tracing::warn!(
+            bootstrap = %dials.join("; "),
+            "no peers: this peer trains alone until a bootstrap address (net.bootstrap) answers"
+        );
     }
 }
 

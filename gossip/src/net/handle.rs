@@ -6,7 +6,7 @@
 //! never as a hang. Tensor streams are opened from the calling task, not the network task,
 //! so a slow peer slows only the caller that writes to it.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use libp2p::{Multiaddr, StreamProtocol};
@@ -16,6 +16,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 
 use super::NetEvent;
 use super::bandwidth::{BandwidthEstimator, PeerBandwidth};
+use super::bootstrap::BootstrapDial;
 use super::config::ValidConfig;
 use super::control::ControlFrame;
 use super::error::NetError;
@@ -81,6 +82,7 @@ struct HandleInner {
     events: broadcast::Sender<NetEvent>,
     ctx: StreamContext,
     config: ValidConfig,
+    bootstrap: Arc<Mutex<Vec<BootstrapDial>>>,
 }
 
 impl NetHandle {
@@ -91,6 +93,7 @@ impl NetHandle {
         events: broadcast::Sender<NetEvent>,
         ctx: StreamContext,
         config: ValidConfig,
+        bootstrap: Arc<Mutex<Vec<BootstrapDial>>>,
     ) -> NetHandle {
         NetHandle {
             inner: Arc::new(HandleInner {
@@ -102,8 +105,19 @@ impl NetHandle {
                 events,
                 ctx,
                 config,
+                bootstrap,
             }),
         }
+    }
+
+    /// The last result of the dials to each bootstrap address (`net.bootstrap`), in the
+    /// config's order.
+    pub fn bootstrap_dials(&self) -> Vec<BootstrapDial> {
+        self.inner
+            .bootstrap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// This peer's id.

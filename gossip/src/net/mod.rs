@@ -64,6 +64,7 @@ mod auth;
 mod bandwidth;
 mod behaviour;
 pub mod bench;
+mod bootstrap;
 mod config;
 mod control;
 pub mod driver;
@@ -90,6 +91,7 @@ use murmur_protocol::message::HeartbeatBody;
 use tokio::sync::{broadcast, mpsc};
 
 pub use bandwidth::{BandwidthEstimator, Direction, PeerBandwidth};
+pub use bootstrap::{BootstrapDial, DialResult};
 pub use config::{MIN_QUIC_RECEIVE_WINDOW, NetConfig};
 pub use control::ControlFrame;
 pub use error::NetError;
@@ -101,6 +103,7 @@ pub use tensor_stream::{TensorStreamReader, TensorStreamWriter, TransferStats};
 use actor::{NetActor, VERIFIED_INVITES_PER_CONNECTION};
 use auth::Authorizer;
 use behaviour::MurmurBehaviour;
+use bootstrap::BootstrapDials;
 use config::ValidConfig;
 use invites::VerifiedInvites;
 use rate_limit::RateLimiter;
@@ -228,6 +231,7 @@ pub async fn spawn(
         next_response_id: 0,
         listen_addrs: Vec::new(),
         anonymous_dials: HashSet::new(),
+        bootstrap: BootstrapDials::new(&config.bootstrap),
         invites: VerifiedInvites::new(
             usize::try_from(raw.max_connections)
                 .unwrap_or(usize::MAX)
@@ -292,6 +296,7 @@ pub async fn spawn(
         }
     }
 
+    let bootstrap_dials = actor.bootstrap.shared();
     let handle = NetHandle::new(
         Arc::clone(identity.keypair()),
         commands_tx,
@@ -299,6 +304,7 @@ pub async fn spawn(
         events,
         ctx,
         config,
+        bootstrap_dials,
     );
     tokio::spawn(actor.run(commands_rx));
     Ok((

@@ -38,6 +38,7 @@ impl NetActor {
                 ..
             } => {
                 self.anonymous_dials.remove(&connection_id);
+                self.bootstrap.connected(connection_id, &peer_id);
                 self.on_connected(peer_id, connection_id, &endpoint);
             }
             SwarmEvent::ConnectionClosed {
@@ -78,6 +79,7 @@ impl NetActor {
                 error,
             } => {
                 self.anonymous_dials.remove(&connection_id);
+                self.bootstrap.failed(connection_id, &error.to_string());
                 tracing::debug!(peer = ?peer_id, %error, "dial failed");
                 if let Some(peer) = peer_id
                     && !self.swarm.is_connected(&peer)
