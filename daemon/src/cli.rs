@@ -113,6 +113,49 @@ pub(crate) enum BenchCommand {
     /// the built-in GPT at a chosen size): run with `--device cuda` and with `--device cpu`
     /// to compare a GPU with one CPU core.
     Train(TrainBenchArgs),
+    /// Training quality against the solo control: the quality task in every averaging mode
+    /// and with no averaging (`none`), real local swarms at fixed step times; prints each
+    /// mode's gap closure and writes quality.csv, curves.csv and quality.png.
+    Quality(QualityArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct QualityArgs {
+    /// The CI-sized run: `none`, `sync-ring`+f32 and `sgp`+int8, 4 peers, one seed.
+    #[arg(long)]
+    pub(crate) quick: bool,
+    /// Swarm sizes, comma-separated.
+    #[arg(long, default_value = "4,8")]
+    pub(crate) peers: String,
+    /// Runs per mode and size (each with fresh keys, so fresh data and initial weights).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) seeds: u32,
+    /// Every step padded to this many milliseconds (`training.synthetic_step_ms`).
+    #[arg(long, default_value_t = 100)]
+    pub(crate) step_ms: u64,
+    /// One JSON object per mode and size on stdout instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// The folder for the runs, the CSVs and the plot (created if missing); default: a new
+    /// folder under the system's temp folder.
+    #[arg(long)]
+    pub(crate) out: Option<std::path::PathBuf>,
+}
+
+impl QualityArgs {
+    /// `--peers` as numbers, each 2 to 16.
+    pub(crate) fn peer_counts(&self) -> Result<Vec<usize>, crate::input_error::BadInput> {
+        self.peers
+            .split(',')
+            .map(|p| match p.trim().parse::<usize>() {
+                Ok(n) if (2..=16).contains(&n) => Ok(n),
+                _ => Err(crate::input_error::BadInput(format!(
+                    "--peers {:?}: expected swarm sizes of 2 to 16, comma-separated",
+                    self.peers
+                ))),
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Args)]

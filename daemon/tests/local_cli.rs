@@ -182,3 +182,57 @@ fn clipping_sets_a_sign_flipping_peer_aside_and_without_it_the_run_is_wrecked() 
         "without clipping the attack wrecks the run: {wrecked:?} from {initial}"
     );
 }
+
+/// `murmur local --json` with `args`, which must succeed; its summary.
+fn local_summary(args: &[&str]) -> serde_json::Value {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("swarm");
+    let mut all = args.to_vec();
+    all.extend(["--json", "--out", out.to_str().unwrap()]);
+    let result = murmur_local(&all);
+    let stdout = String::from_utf8_lossy(&result.stdout);
+    assert!(
+        result.status.success(),
+        "{args:?}: exit {:?}\nstdout: {stdout}\nstderr: {}",
+        result.status,
+        String::from_utf8_lossy(&result.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+/// The peers' final eval losses in a summary.
+fn final_losses(summary: &serde_json::Value) -> Vec<f64> {
+    summary["peer_results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["final_eval_loss"].as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn mode_none_trains_every_peer_alone_and_sgp_does_not() {
+    let steps = ["--peers", "3", "--steps", "40", "--codec", "f32"];
+    let solo = local_summary(&[&steps[..], &["--mode", "none"]].concat());
+    assert_eq!(solo["mode"], "none");
+    assert_eq!(solo["finished"], 3);
+    // Nothing averaged: no tensor byte sent, and each peer ends where its own samples led.
+    assert_eq!(solo["bytes_sent_total"].as_f64(), Some(0.0), "{solo}");
+    let losses = final_losses(&solo);
+    assert!(
+        losses
+            .iter()
+            .all(|&l| l < solo["initial_eval_loss"].as_f64().unwrap()),
+        "{losses:?}"
+    );
+    let spread = |l: &[f64]| {
+        l.iter().copied().fold(f64::MIN, f64::max) - l.iter().copied().fold(f64::MAX, f64::min)
+    };
+    assert!(
+        spread(&losses) > 0.0,
+        "solo peers cannot agree exactly: {losses:?}"
+    );
+    // The same peers with SGP exchange shares.
+    let sgp = local_summary(&[&steps[..], &["--mode", "sgp"]].concat());
+    assert!(sgp["bytes_sent_total"].as_f64().unwrap() > 0.0, "{sgp}");
+}

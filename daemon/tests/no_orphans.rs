@@ -71,10 +71,13 @@ fn stop_and_check(parent: &mut Child, children: &[u32], signal: &str) {
     assert!(status.success(), "kill -{signal} failed");
     let deadline = Instant::now() + END_BOUND;
     let mut running: Vec<u32> = children.to_vec();
-    while !running.is_empty() && Instant::now() < deadline {
+    let mut parent_ended = false;
+    // Both must end within the bound: the peers, and the parent (which may still be writing
+    // its summary after its last peer exited).
+    while !(running.is_empty() && parent_ended) && Instant::now() < deadline {
         // Reap the parent when it exits, so its own peers are not kept as zombies of a
         // zombie (they are reaped by it, or by init once it is gone).
-        let _ = parent.try_wait();
+        parent_ended = parent_ended || matches!(parent.try_wait(), Ok(Some(_)));
         running.retain(|&pid| alive(pid));
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -95,7 +98,6 @@ fn stop_and_check(parent: &mut Child, children: &[u32], signal: &str) {
             .args(["-KILL", &pid.to_string()])
             .status();
     }
-    let parent_ended = matches!(parent.try_wait(), Ok(Some(_)));
     if !parent_ended {
         let _ = parent.kill();
     }

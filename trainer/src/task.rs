@@ -112,17 +112,26 @@ pub enum TaskPreset {
     MarkovGpt,
     /// An MLP learning a teacher network's labels.
     TeacherMlp,
+    /// The quality benchmark's task: a GPT on a Markov chain with many states and branches,
+    /// where the samples one peer sees in a run leave it clearly short of the chain's
+    /// entropy rate, so averaging with other peers (more samples per step) shows.
+    Quality,
 }
 
 impl TaskPreset {
     /// Every preset.
-    pub const ALL: [TaskPreset; 2] = [TaskPreset::MarkovGpt, TaskPreset::TeacherMlp];
+    pub const ALL: [TaskPreset; 3] = [
+        TaskPreset::MarkovGpt,
+        TaskPreset::TeacherMlp,
+        TaskPreset::Quality,
+    ];
 
     /// The preset's name, as `murmur local --task` takes it.
     pub fn name(self) -> &'static str {
         match self {
             TaskPreset::MarkovGpt => "markov-gpt",
             TaskPreset::TeacherMlp => "teacher-mlp",
+            TaskPreset::Quality => "quality",
         }
     }
 
@@ -164,6 +173,38 @@ impl TaskPreset {
                     peak_lr: 3e-3,
                     warmup_steps: 30,
                     total_steps: 600,
+                    min_lr_ratio: 0.1,
+                    reference_batch: None,
+                },
+            },
+            TaskPreset::Quality => TaskConfig {
+                model: ModelConfig::Gpt(GptConfig {
+                    layers: 2,
+                    heads: 2,
+                    width: 64,
+                    context: 32,
+                    vocab: None,
+                    mlp_ratio: 4,
+                }),
+                data: DataConfig {
+                    batch_size: 8,
+                    eval_samples: 256,
+                    source: DataSource::SyntheticMarkov(MarkovConfig {
+                        states: 256,
+                        branching: 16,
+                        skew: 1.0,
+                    }),
+                },
+                optimizer: OptimizerConfig::AdamW {
+                    beta1: 0.9,
+                    beta2: 0.99,
+                    eps: 1e-8,
+                    weight_decay: 0.01,
+                },
+                schedule: ScheduleConfig {
+                    peak_lr: 3e-3,
+                    warmup_steps: 30,
+                    total_steps: 400,
                     min_lr_ratio: 0.1,
                     reference_batch: None,
                 },

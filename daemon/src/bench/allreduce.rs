@@ -212,11 +212,10 @@ fn check_elements(algo: AveragingMode, peers: usize, elements: usize) -> Result<
             elements <= MAX_VECTOR_ELEMENTS,
             format!("1 to {MAX_VECTOR_ELEMENTS} (every peer holds a few copies of the vector)"),
         ),
-        AveragingMode::LocalSgd => {
-            return Err(BadInput(
-                "--algo local-sgd: not a collective; expected butterfly, sync-ring or sgp"
-                    .to_owned(),
-            ));
+        AveragingMode::LocalSgd | AveragingMode::Solo => {
+            return Err(BadInput(format!(
+                "--algo {algo}: not a collective; expected butterfly, sync-ring or sgp"
+            )));
         }
     };
     if elements == 0 || !fits {

@@ -4,6 +4,8 @@ mod allreduce;
 mod allreduce_peer;
 mod codecs;
 mod metrics;
+mod quality;
+mod quality_plot;
 mod stream;
 mod timing;
 mod train;
@@ -18,5 +20,6 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::AllreducePeer(args) => allreduce_peer::run(&args),
         BenchCommand::Metrics(args) => metrics::run(&args),
         BenchCommand::Train(args) => train::run(&args),
+        BenchCommand::Quality(args) => quality::run(&args),
     }
 }

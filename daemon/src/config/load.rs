@@ -177,6 +177,7 @@ fn mode_settings(a: &AveragingSection, sgp: &SgpConfig) -> ModeSettings {
             timeout: Duration::from_millis(a.ring.timeout_ms),
             butterfly,
         },
+        AveragingMode::Solo => ModeSettings::Solo,
     }
 }
 

@@ -28,14 +28,17 @@ pub(crate) struct LocalArgs {
     /// Peers to start, 1 to 64.
     #[arg(long, default_value_t = 4)]
     pub(crate) peers: usize,
-    /// How the peers average: `sgp`, `butterfly`, `local-sgd` or `sync-ring`.
+    /// How the peers average: `sgp`, `butterfly`, `local-sgd`, `sync-ring`, or `none` (each
+    /// peer trains alone: the control).
     #[arg(long, default_value = "sgp", value_parser = crate::cli::parse_mode)]
     pub(crate) mode: AveragingMode,
     /// The wire codec of averaging, e.g. `f32`, `int8:64`, `int4`, `sign1`, `topk:10000`.
     #[arg(long, default_value = "int8:64")]
     pub(crate) codec: String,
-    /// The built-in task: `markov-gpt` (a small GPT on a synthetic Markov chain, AdamW) or
-    /// `teacher-mlp` (an MLP learning a teacher network's labels, SGD with Nesterov momentum).
+    /// The built-in task: `markov-gpt` (a small GPT on a synthetic Markov chain, AdamW),
+    /// `teacher-mlp` (an MLP learning a teacher network's labels, SGD with Nesterov momentum)
+    /// or `quality` (the quality benchmark's: a GPT on a 256-state chain with 16 branches per
+    /// state, where a peer alone falls clearly short).
     #[arg(long, default_value = "markov-gpt", value_parser = parse_task)]
     pub(crate) task: TaskPreset,
     /// Local steps each peer runs; default: the built-in task's schedule length.

@@ -12,7 +12,7 @@ mod csv;
 mod events;
 mod live;
 mod peers;
-mod plot;
+pub(crate) mod plot;
 mod record;
 mod summary;
 mod supervisor;
@@ -30,6 +30,10 @@ pub(crate) use self::args::LocalArgs;
 pub(crate) use self::args::LocalPlan;
 use self::live::LiveView;
 use self::peers::Launcher;
+pub(crate) use self::record::Reading;
+#[cfg(test)]
+pub(crate) use self::record::ReadingKind;
+pub(crate) use self::summary::Summary as LocalSummary;
 use self::summary::{RunFacts, Summary};
 use self::supervisor::{Limits, supervise};
 pub(crate) use self::swarm_dir::SwarmDir;
@@ -57,8 +61,37 @@ pub(crate) fn run(args: &LocalArgs) -> anyhow::Result<()> {
 
 /// Creates the folder, runs the swarm, writes the CSV and plot, prints the summary.
 fn run_swarm(plan: &LocalPlan, launcher: &Launcher, limits: &Limits) -> anyhow::Result<Summary> {
+    let (summary, root, _) = swarm_outcome(plan, launcher, limits, LiveView::new(plan.json))?;
+    if plan.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print!("{}", summary.to_text());
+        println!(
+            "folder: {} (progress.csv, loss.png, peer-N/murmur.log)",
+            root.display()
+        );
+    }
+    Ok(summary)
+}
+
+/// Runs the swarm `plan` describes, with nothing printed: its summary and every reading
+/// (for `murmur bench quality`).
+pub(crate) fn run_quietly(plan: &LocalPlan) -> anyhow::Result<(Summary, Vec<Reading>)> {
+    let launcher = Launcher::murmur_run()?;
+    let limits = Limits::for_plan(plan);
+    let (summary, _, readings) = swarm_outcome(plan, &launcher, &limits, LiveView::new(true))?;
+    Ok((summary, readings))
+}
+
+/// Creates the folder, runs the swarm, writes the CSV and plot; the summary, the folder and
+/// the readings.
+fn swarm_outcome(
+    plan: &LocalPlan,
+    launcher: &Launcher,
+    limits: &Limits,
+    mut view: LiveView,
+) -> anyhow::Result<(Summary, std::path::PathBuf, Vec<Reading>)> {
     let dir = SwarmDir::create(plan.out.as_deref(), plan.peers)?;
-    let mut view = LiveView::new(plan.json);
     view.note(
         0.0,
         &format!(
@@ -106,14 +139,5 @@ fn run_swarm(plan: &LocalPlan, launcher: &Launcher, limits: &Limits) -> anyhow::
         },
         &run.records,
     );
-    if plan.json {
-        println!("{}", serde_json::to_string(&summary)?);
-    } else {
-        print!("{}", summary.to_text());
-        println!(
-            "folder: {} (progress.csv, loss.png, peer-N/murmur.log)",
-            dir.root().display()
-        );
-    }
-    Ok(summary)
+    Ok((summary, dir.root().to_owned(), run.readings))
 }

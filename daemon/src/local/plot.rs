@@ -17,12 +17,12 @@ use super::record::{Reading, ReadingKind};
 const FONT_PATH: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 /// The family name the font is registered under. Only text styled with it is drawn, so a
 /// plot without the font cannot draw text by accident with plotters' default family.
-const FONT_FAMILY: &str = "murmur-dejavu-sans";
+pub(crate) const FONT_FAMILY: &str = "murmur-dejavu-sans";
 /// Image size in pixels: two panels side by side.
 const SIZE: (u32, u32) = (1400, 560);
 
 /// Registers the font once per process; the error says why there is none.
-fn register_font() -> Result<(), String> {
+pub(crate) fn register_font() -> Result<(), String> {
     static REGISTERED: OnceLock<Result<(), String>> = OnceLock::new();
     REGISTERED
         .get_or_init(|| {

@@ -92,6 +92,7 @@ fn mode_index(mode: AveragingMode) -> usize {
         AveragingMode::Butterfly => 1,
         AveragingMode::LocalSgd => 2,
         AveragingMode::SyncRing => 3,
+        AveragingMode::Solo => 4,
     }
 }
 

@@ -226,8 +226,10 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     // The swarm's state wins when it is newer than our checkpoint. SGP's heartbeats count
     // local steps, as checkpoints do; the round modes' count rounds, which a checkpoint
     // does not know: a swarm past its first round is taken to be ahead.
+    // A solo peer (`none`) never takes the swarm's state: it is the control.
     let joining = match mode {
         AveragingMode::Sgp => swarm_step > resumed_step.unwrap_or(0),
+        AveragingMode::Solo => false,
         _ => swarm_step > 0,
     };
     if joining {
@@ -244,6 +246,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     // optimizer (or outer) step, which only the swarm's heartbeats tell.
     let round = match mode {
         AveragingMode::Sgp => swarm_step.max(resumed_step.unwrap_or(0)),
+        AveragingMode::Solo => resumed_step.unwrap_or(0),
         _ => swarm_step,
     };
     let start = Start {

@@ -38,6 +38,7 @@ mod membership;
 mod mode;
 pub mod rounds;
 pub mod sgp;
+pub mod solo;
 mod work;
 
 use std::time::Duration;
@@ -54,6 +55,7 @@ pub use membership::{Beat, Change, Looking, MemberEvent, Membership, SILENCE_INT
 pub use mode::{AveragingMode, EngineSetup, ModeEngine, ModeSettings, Start};
 pub use rounds::{RoundEngine, RoundPolicy, RoundSettings};
 pub use sgp::SgpEngine;
+pub use solo::SoloEngine;
 pub use work::{Work, WorkDone};
 
 /// What happened, as told to an engine.

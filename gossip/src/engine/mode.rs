@@ -14,6 +14,7 @@ use super::local_sgd::LocalSgdSettings;
 use super::membership::Membership;
 use super::rounds::{RoundEngine, RoundPolicy, RoundSettings};
 use super::sgp::SgpEngine;
+use super::solo::SoloEngine;
 use super::{Engine, EngineError, EngineInput, EngineOutput, EngineStatus};
 
 /// A training mode and the settings only it reads.
@@ -36,6 +37,8 @@ pub enum ModeSettings {
         /// Matchmaking, chunks, timeouts and clipping.
         butterfly: ButterflyConfig,
     },
+    /// `none`: each peer trains alone, the control averaging is measured against.
+    Solo,
     /// `sync-ring`: gradients averaged every step in a ring over the whole swarm.
     SyncRing {
         /// The longest a ring round may take.
@@ -53,6 +56,7 @@ impl ModeSettings {
             ModeSettings::Butterfly { .. } => AveragingMode::Butterfly,
             ModeSettings::LocalSgd { .. } => AveragingMode::LocalSgd,
             ModeSettings::SyncRing { .. } => AveragingMode::SyncRing,
+            ModeSettings::Solo => AveragingMode::Solo,
         }
     }
 }
@@ -103,6 +107,8 @@ pub enum ModeEngine<P> {
     Sgp(Box<SgpEngine<P>>),
     /// `butterfly`, `local-sgd` and `sync-ring`.
     Rounds(Box<RoundEngine<P>>),
+    /// `none`.
+    Solo(Box<SoloEngine<P>>),
 }
 
 impl<P: PeerKey> ModeEngine<P> {
@@ -159,6 +165,16 @@ impl<P: PeerKey> ModeEngine<P> {
                 membership,
                 start,
             ),
+            ModeSettings::Solo => {
+                let params = start.params.unwrap_or_else(|| vec![0.0; start.len]);
+                let steps = start.round.max(start.local_steps);
+                Ok(ModeEngine::Solo(Box::new(SoloEngine::new(
+                    membership,
+                    params,
+                    steps,
+                    setup.batch_size,
+                ))))
+            }
         }
     }
 }
@@ -196,6 +212,7 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
         match self {
             ModeEngine::Sgp(e) => e.handle(now, input),
             ModeEngine::Rounds(e) => e.handle(now, input),
+            ModeEngine::Solo(e) => e.handle(now, input),
         }
     }
 
@@ -203,6 +220,7 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
         match self {
             ModeEngine::Sgp(e) => e.poll_output(),
             ModeEngine::Rounds(e) => e.poll_output(),
+            ModeEngine::Solo(e) => e.poll_output(),
         }
     }
 
@@ -210,6 +228,7 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
         match self {
             ModeEngine::Sgp(e) => e.poll_timeout(),
             ModeEngine::Rounds(e) => e.poll_timeout(),
+            ModeEngine::Solo(e) => e.poll_timeout(),
         }
     }
 
@@ -217,6 +236,7 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
         match self {
             ModeEngine::Sgp(e) => e.membership(),
             ModeEngine::Rounds(e) => e.membership(),
+            ModeEngine::Solo(e) => e.membership(),
         }
     }
 
@@ -224,6 +244,7 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
         match self {
             ModeEngine::Sgp(e) => e.status(),
             ModeEngine::Rounds(e) => e.status(),
+            ModeEngine::Solo(e) => e.status(),
         }
     }
 

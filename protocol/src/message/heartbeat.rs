@@ -67,15 +67,19 @@ pub enum AveragingMode {
     LocalSgd = 3,
     /// Synchronous ring all-reduce, the baseline.
     SyncRing = 4,
+    /// No averaging: each peer trains alone (`none`), the control that averaging is
+    /// measured against.
+    Solo = 5,
 }
 
 impl AveragingMode {
     /// Every mode, in byte order.
-    pub const ALL: [AveragingMode; 4] = [
+    pub const ALL: [AveragingMode; 5] = [
         AveragingMode::Sgp,
         AveragingMode::Butterfly,
         AveragingMode::LocalSgd,
         AveragingMode::SyncRing,
+        AveragingMode::Solo,
     ];
 
     /// The mode with this byte value, if any.
@@ -97,6 +101,7 @@ impl AveragingMode {
             AveragingMode::Butterfly => "butterfly",
             AveragingMode::LocalSgd => "local-sgd",
             AveragingMode::SyncRing => "sync-ring",
+            AveragingMode::Solo => "none",
         }
     }
 }
@@ -109,7 +114,7 @@ impl std::fmt::Display for AveragingMode {
 
 /// A name that is no [`AveragingMode`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown averaging mode {0:?}: expected sgp, butterfly, local-sgd or sync-ring")]
+#[error("unknown averaging mode {0:?}: expected sgp, butterfly, local-sgd, sync-ring or none")]
 pub struct UnknownMode(pub String);
 
 impl std::str::FromStr for AveragingMode {
