@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context as _;
 use plotters::prelude::*;
 
-use crate::local::plot::{FONT_FAMILY, register_font};
+use crate::local::plot::{Axes, draw_legend, panel_chart, register_font};
 
 use super::quality::RunResult;
 
@@ -55,35 +55,13 @@ where
     };
     let all: Vec<(f64, f64)> = runs.iter().flat_map(|r| points(r)).collect();
     let x_max = all.iter().map(|p| p.0).fold(1.0, f64::max);
-    let (mut y_min, mut y_max) = all
-        .iter()
-        .map(|p| p.1)
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), y| {
-            (lo.min(y), hi.max(y))
-        });
-    if y_min > y_max {
-        (y_min, y_max) = (0.0, 1.0);
-    }
-    let pad = ((y_max - y_min) * 0.05).max(0.01);
-    let mut builder = ChartBuilder::on(area);
-    builder.margin(16);
-    if text {
-        builder
-            .caption(format!("eval loss against {x_name}"), (FONT_FAMILY, 22))
-            .x_label_area_size(45)
-            .y_label_area_size(60);
-    }
-    let mut chart = builder.build_cartesian_2d(0.0..x_max * 1.02, (y_min - pad)..(y_max + pad))?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc(x_name)
-            .y_desc("mean eval loss")
-            .label_style((FONT_FAMILY, 14))
-            .axis_desc_style((FONT_FAMILY, 16));
-    } else {
-        mesh.x_labels(0).y_labels(0);
-    }
-    mesh.draw()?;
+    let title = format!("eval loss against {x_name}");
+    let axes = Axes {
+        title: &title,
+        x_desc: x_name,
+        y_desc: "mean eval loss",
+    };
+    let mut chart = panel_chart(area, &axes, x_max, all.iter().map(|p| p.1), text)?;
     for (i, r) in runs.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let series = chart.draw_series(LineSeries::new(points(r), color.stroke_width(2)))?;
@@ -93,14 +71,5 @@ where
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], color));
         }
     }
-    if text {
-        chart
-            .configure_series_labels()
-            .label_font((FONT_FAMILY, 14))
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()?;
-    }
-    Ok(())
+    draw_legend(&mut chart, text)
 }

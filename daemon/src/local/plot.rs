@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use anyhow::Context;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::record::{Reading, ReadingKind};
@@ -117,36 +118,13 @@ where
     };
     let all: Vec<(f64, f64)> = (0..peers).flat_map(points).collect();
     let x_max = all.iter().map(|p| p.0).fold(1.0, f64::max);
-    let (mut y_min, mut y_max) = all
-        .iter()
-        .map(|p| p.1)
-        .chain(floor)
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), y| {
-            (lo.min(y), hi.max(y))
-        });
-    if y_min > y_max {
-        (y_min, y_max) = (0.0, 1.0);
-    }
-    let pad = ((y_max - y_min) * 0.05).max(0.01);
-    let mut builder = ChartBuilder::on(area);
-    builder.margin(16);
-    if text {
-        builder
-            .caption(panel.title, (FONT_FAMILY, 22))
-            .x_label_area_size(45)
-            .y_label_area_size(60);
-    }
-    let mut chart = builder.build_cartesian_2d(0.0..x_max * 1.02, (y_min - pad)..(y_max + pad))?;
-    let mut mesh = chart.configure_mesh();
-    if text {
-        mesh.x_desc("wall time (s)")
-            .y_desc("loss")
-            .label_style((FONT_FAMILY, 14))
-            .axis_desc_style((FONT_FAMILY, 16));
-    } else {
-        mesh.x_labels(0).y_labels(0);
-    }
-    mesh.draw()?;
+    let ys = all.iter().map(|p| p.1).chain(floor);
+    let axes = Axes {
+        title: panel.title,
+        x_desc: "wall time (s)",
+        y_desc: "loss",
+    };
+    let mut chart = panel_chart(area, &axes, x_max, ys, text)?;
 
     for peer in 0..peers {
         let color = Palette99::pick(peer).to_rgba();
@@ -171,6 +149,65 @@ where
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
         }
     }
+    draw_legend(&mut chart, text)
+}
+
+/// A panel's title and axis names.
+pub(crate) struct Axes<'a> {
+    pub(crate) title: &'a str,
+    pub(crate) x_desc: &'a str,
+    pub(crate) y_desc: &'a str,
+}
+
+/// The chart of one panel over `0..x_max` and the range of `ys` (padded), its mesh drawn;
+/// without the font (`text` false) it has no caption, labels or axis names.
+pub(crate) fn panel_chart<'a, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
+    axes: &Axes<'_>,
+    x_max: f64,
+    ys: impl Iterator<Item = f64>,
+    text: bool,
+) -> anyhow::Result<ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>>
+where
+    DB::ErrorType: 'static,
+{
+    let (mut y_min, mut y_max) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), y| {
+        (lo.min(y), hi.max(y))
+    });
+    if y_min > y_max {
+        (y_min, y_max) = (0.0, 1.0);
+    }
+    let pad = ((y_max - y_min) * 0.05).max(0.01);
+    let mut builder = ChartBuilder::on(area);
+    builder.margin(16);
+    if text {
+        builder
+            .caption(axes.title, (FONT_FAMILY, 22))
+            .x_label_area_size(45)
+            .y_label_area_size(60);
+    }
+    let mut chart = builder.build_cartesian_2d(0.0..x_max * 1.02, (y_min - pad)..(y_max + pad))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc(axes.x_desc)
+            .y_desc(axes.y_desc)
+            .label_style((FONT_FAMILY, 14))
+            .axis_desc_style((FONT_FAMILY, 16));
+    } else {
+        mesh.x_labels(0).y_labels(0);
+    }
+    mesh.draw()?;
+    Ok(chart)
+}
+
+/// The legend of every labelled series, top right (none without the font).
+pub(crate) fn draw_legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    text: bool,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
     if text {
         chart
             .configure_series_labels()

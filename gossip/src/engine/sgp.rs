@@ -151,18 +151,7 @@ impl<P: PeerKey> SgpEngine<P> {
     }
 
     fn on_work_done(&mut self, now: Time, done: WorkDone) -> Result<(), EngineError> {
-        let WorkDone::Stepped { params, .. } = done else {
-            return Err(EngineError::UnexpectedWork {
-                expected: "step",
-                got: done.kind(),
-            });
-        };
-        if params.len() != self.len {
-            return Err(EngineError::LengthMismatch {
-                expected: self.len,
-                got: params.len(),
-            });
-        }
+        let params = done.into_stepped(self.len)?;
         self.working = false;
         self.z = params;
         let weight = self.machine.state().weight() as f32;

@@ -77,18 +77,7 @@ impl<P: PeerKey> SoloEngine<P> {
     }
 
     fn on_work_done(&mut self, done: WorkDone) -> Result<(), EngineError> {
-        let WorkDone::Stepped { params, .. } = done else {
-            return Err(EngineError::UnexpectedWork {
-                expected: "step",
-                got: done.kind(),
-            });
-        };
-        if params.len() != self.len {
-            return Err(EngineError::LengthMismatch {
-                expected: self.len,
-                got: params.len(),
-            });
-        }
+        let params = done.into_stepped(self.len)?;
         self.params = params;
         self.working = false;
         self.steps += 1;

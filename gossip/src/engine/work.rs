@@ -89,4 +89,22 @@ impl WorkDone {
             WorkDone::Applied { .. } => "apply",
         }
     }
+
+    /// The parameters of a finished [`Work::Step`] of a model of `len` parameters; any other
+    /// answer, or parameters of another length, is an error.
+    pub(crate) fn into_stepped(self, len: usize) -> Result<Vec<f32>, super::EngineError> {
+        let WorkDone::Stepped { params, .. } = self else {
+            return Err(super::EngineError::UnexpectedWork {
+                expected: "step",
+                got: self.kind(),
+            });
+        };
+        if params.len() != len {
+            return Err(super::EngineError::LengthMismatch {
+                expected: len,
+                got: params.len(),
+            });
+        }
+        Ok(params)
+    }
 }
