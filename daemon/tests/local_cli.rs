@@ -28,6 +28,14 @@ fn bad_flags_exit_2_naming_the_flag() {
         (vec!["--steps", "0"], "--steps"),
         (vec!["--peers", "1", "--churn"], "--churn"),
         (vec!["--task", "resnet"], "--task"),
+        (
+            vec!["--set", "averaging.sgp.nope=2"],
+            "--set averaging.sgp.nope",
+        ),
+        (vec!["--set", "averaging.sgp.out_degree=99"], "out_degree"),
+        (vec!["--set", "averaging.sgp.out_degree=two"], "--set"),
+        (vec!["--set", "averaging.mode=none"], "--mode"),
+        (vec!["--set", "no-equals-sign"], "--set"),
     ] {
         let mut all = args.clone();
         all.extend(["--out", out]);
@@ -235,4 +243,22 @@ fn mode_none_trains_every_peer_alone_and_sgp_does_not() {
     // The same peers with SGP exchange shares.
     let sgp = local_summary(&[&steps[..], &["--mode", "sgp"]].concat());
     assert!(sgp["bytes_sent_total"].as_f64().unwrap() > 0.0, "{sgp}");
+}
+
+/// `--set` reaches the peers' configs: with SGP's out-degree at 2 every step pushes two
+/// shares instead of one, so the same run sends about twice the bytes.
+#[test]
+fn set_changes_what_the_peers_run() {
+    let run = [
+        "--peers", "3", "--steps", "20", "--mode", "sgp", "--codec", "f32",
+    ];
+    let one = local_summary(&run);
+    let two = local_summary(&[&run[..], &["--set", "averaging.sgp.out_degree=2"]].concat());
+    let bytes = |s: &serde_json::Value| s["bytes_sent_total"].as_f64().unwrap();
+    assert!(
+        bytes(&two) > 1.5 * bytes(&one),
+        "out_degree 2 sent {} bytes, out_degree 1 {}",
+        bytes(&two),
+        bytes(&one)
+    );
 }

@@ -143,3 +143,39 @@ fn a_lossy_codec_stays_within_its_error_bound() {
     }
     assert!(worst > 0.0, "int8 should lose something");
 }
+
+/// With a lossy codec every member ends with the same bits: a reducer applies the decoded
+/// average of its own part, as every other member does, rather than its exact average.
+/// Replicas that average gradients stay identical only if their updates are; a reducer
+/// keeping its exact values would drift from the others by the codec's error every round,
+/// and nothing in gradient averaging would ever pull it back.
+#[test]
+fn a_lossy_codec_leaves_every_member_with_identical_results() {
+    for (seed, count, len) in [(21, 8, 4096), (22, 3, 1000)] {
+        let specs = members(seed, count, len);
+        let group = optimal_group(&specs, len, 128);
+        let outcome = run_round(
+            &specs,
+            group,
+            CodecSpec::Int8 { block: 64 },
+            &config(),
+            Duration::from_millis(2),
+        );
+        let results: Vec<&Vec<f32>> = outcome
+            .results
+            .iter()
+            .map(|r| &r.as_ref().expect("every member finishes").0)
+            .collect();
+        for (m, values) in results.iter().enumerate().skip(1) {
+            let differ = values
+                .iter()
+                .zip(results[0].iter())
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ, 0,
+                "seed {seed}: member {m} differs from member 0 in {differ} elements"
+            );
+        }
+    }
+}

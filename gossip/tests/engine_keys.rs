@@ -1,5 +1,6 @@
 //! Each of the matchmaking keys of `[averaging.butterfly]` changes what the engines do:
-//! `min_group`, `target_group`, `max_wait_ms`, `begin_margin_ms` and `max_candidates`.
+//! `min_group`, `target_group`, `max_wait_ms`, `begin_margin_ms` and `max_candidates`; and
+//! `overlap`, whether a peer computes while its round forms and runs.
 //! The first four are shown on engine swarms (the engines `murmur run` builds); the last on
 //! the matchmaker, where its effect is visible message by message.
 
@@ -43,7 +44,6 @@ fn swarm(peers: usize, config: ButterflyConfig) -> EngineSwarm {
         setup: EngineSetup {
             codec: CodecSpec::F32,
             error_feedback: false,
-            overlap: true,
             size_parts_by_bandwidth: true,
             batch_size: 32,
             upload_cap: 0,
@@ -114,6 +114,27 @@ fn max_wait_and_begin_margin_set_when_a_peer_gives_up() {
         (0.4..0.65).contains(&longer_margin),
         "{longer_margin:.3} s per round"
     );
+}
+
+/// `overlap`: where no group can form, each round waits out the matchmaking deadline
+/// (0.8 s). With overlap a peer computes its 20 ms steps all that time; without, it
+/// computes only until its next round is due, then waits for the round's update.
+#[test]
+fn overlap_decides_whether_a_peer_computes_while_its_round_forms() {
+    let samples = |overlap: bool| {
+        let mut s = swarm(
+            3,
+            ButterflyConfig {
+                overlap,
+                ..butterfly(4, 16, 1000, 200)
+            },
+        );
+        run(&mut s, 10.0);
+        assert!(s.rounds_alone() > 0);
+        (0..3).map(|id| s.samples(id)).sum::<u64>()
+    };
+    let (on, off) = (samples(true), samples(false));
+    assert!(on > 5 * off, "overlap on: {on} samples, off: {off}");
 }
 
 /// `max_candidates`: a peer remembers only the earliest looking peers. With room for one,

@@ -46,7 +46,6 @@ fn config(mode: ModeSettings, codec: CodecSpec) -> EngineSwarmConfig {
         setup: EngineSetup {
             codec,
             error_feedback: true,
-            overlap: true,
             size_parts_by_bandwidth: true,
             batch_size: 32,
             upload_cap: 0,
@@ -128,6 +127,32 @@ fn butterfly_trains_every_peer_to_the_swarm_optimum() {
         after < 0.01 * solo,
         "error {after:.4}, alone {solo:.3}: the swarm did not reach its optimum"
     );
+}
+
+/// Butterfly without overlap, peers of equal speed, a target of one step from each: a
+/// round averages one step of every peer, as the sync ring does. A peer that has taken its
+/// step waits for the others' steps in progress instead of starting another, which the
+/// round would then wait for (two steps a round).
+#[test]
+fn butterfly_rounds_come_every_step_when_the_target_is_one_step_each() {
+    let mode = ModeSettings::Butterfly {
+        target_batch: 4 * 32,
+        butterfly: butterfly_config(16),
+    };
+    let mut swarm = EngineSwarm::new(&scenario(4, 3), config(mode, CodecSpec::F32)).unwrap();
+    run(&mut swarm, 10.0);
+    for peer in 0..4u32 {
+        let rounds = swarm
+            .round_reports()
+            .iter()
+            .filter(|(p, _)| *p == peer)
+            .count() as f64;
+        let steps = swarm.samples(peer) as f64 / 32.0;
+        assert!(
+            rounds >= 0.9 * steps,
+            "peer {peer}: {rounds} rounds in {steps} steps"
+        );
+    }
 }
 
 #[test]

@@ -202,7 +202,7 @@ impl TaskPreset {
                     weight_decay: 0.01,
                 },
                 schedule: ScheduleConfig {
-                    peak_lr: 3e-3,
+                    peak_lr: 1.2e-2,
                     warmup_steps: 30,
                     total_steps: 400,
                     min_lr_ratio: 0.1,

@@ -249,6 +249,7 @@ fn run_variant(
         error_feedback: true,
         clip: None,
         faults: Vec::new(),
+        overrides: Vec::new(),
     };
     let dir = SwarmDir::create(None, args.peers)?;
     match run_peers(args, hosts, tables, variant, &plan, &dir, stream_bps) {
@@ -398,7 +399,7 @@ fn write_config(
     bootstrap: &[String],
     tables: &ConfigTables,
 ) -> anyhow::Result<()> {
-    let mut config = dir.peer_config(plan, index, bootstrap);
+    let mut config = dir.peer_config(plan, index, bootstrap)?;
     config.net.max_frame_payload = tables.max_frame_payload;
     if let Some(window) = tables.quic_receive_window {
         config.net.quic_stream_receive_window = window;
@@ -797,6 +798,7 @@ mod tests {
             error_feedback: true,
             clip: None,
             faults: Vec::new(),
+            overrides: Vec::new(),
         };
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), 2).unwrap();
         let mut a = args(Some(60_000), Some(90_000));

@@ -345,7 +345,6 @@ async fn bench(
     let setup = EngineSetup {
         codec: loaded.averaging.codec,
         error_feedback: false,
-        overlap: false,
         size_parts_by_bandwidth: !args.equal_parts,
         batch_size: weight as u64,
         upload_cap: loaded.net.max_upload_bytes_per_s,

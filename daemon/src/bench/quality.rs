@@ -162,6 +162,7 @@ fn run_one(
         no_error_feedback: false,
         clip: None,
         fault: Vec::new(),
+        set: Vec::new(),
     };
     let plan = LocalPlan::from_args(&local)?;
     let (summary, readings) = run_quietly(&plan)?;

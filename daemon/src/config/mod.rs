@@ -33,7 +33,7 @@ use murmur_trainer::{Model, TaskConfig};
 pub(crate) use error::ConfigError;
 pub(crate) use load::ConfigFile;
 pub(crate) use schema::{CheckpointSection, LogFormat, LogSection, VolunteerSection};
-pub(crate) use validate::DeviceChoice;
+pub(crate) use validate::{DeviceChoice, Locator, check};
 
 /// Reads, checks and loads the config file at `path`, checking the invite against this
 /// host's clock.

@@ -11,6 +11,8 @@ use murmur_trainer::TaskPreset;
 use crate::hosts::Hosts;
 use crate::input_error::BadInput;
 
+use super::overrides::Override;
+
 /// The most peers `murmur local` starts: each is a full training process on this host.
 pub(crate) const MAX_PEERS: usize = 64;
 
@@ -81,6 +83,11 @@ pub(crate) struct LocalArgs {
     /// tau`; 3 iterations, outliers past 4 median distances set aside).
     #[arg(long, value_name = "TAU")]
     pub(crate) clip: Option<f32>,
+    /// `KEY=VALUE`: set any key of the peers' config (`docs/config.md`), e.g.
+    /// `averaging.sgp.out_degree=2` or `schedule.peak_lr=0.006`, after the other flags.
+    /// Repeatable.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub(crate) set: Vec<String>,
     /// Test only: `PEER:SPEC` runs peer PEER with `MURMUR_TEST_FAULT=SPEC` (`flip:S` sends
     /// gradients as −S × themselves, `inflate:K` declares K × the samples). Repeatable.
     #[arg(long, value_name = "PEER:SPEC", hide = true)]
@@ -119,6 +126,8 @@ pub(crate) struct LocalPlan {
     pub(crate) clip: Option<f32>,
     /// Peers run with the test-only fault switch, and its value.
     pub(crate) faults: Vec<(usize, String)>,
+    /// `--set` overrides, applied to every peer's config in order.
+    pub(crate) overrides: Vec<Override>,
 }
 
 impl LocalPlan {
@@ -184,7 +193,7 @@ impl LocalPlan {
                 }
             }
         }
-        Ok(LocalPlan {
+        let plan = LocalPlan {
             peers: args.peers,
             task: args.task,
             mode: args.mode,
@@ -199,7 +208,14 @@ impl LocalPlan {
             error_feedback: !args.no_error_feedback,
             clip: args.clip,
             faults,
-        })
+            overrides: args
+                .set
+                .iter()
+                .map(|text| Override::parse(text))
+                .collect::<Result<_, _>>()?,
+        };
+        super::swarm_dir::check_overrides(&plan)?;
+        Ok(plan)
     }
 
     /// The test-only fault of peer `peer`, if it has one.
@@ -321,6 +337,7 @@ mod tests {
             no_error_feedback: false,
             clip: None,
             fault: Vec::new(),
+            set: Vec::new(),
         }
     }
 

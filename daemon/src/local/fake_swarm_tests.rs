@@ -57,6 +57,7 @@ fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
         no_error_feedback: false,
         clip: None,
         fault: Vec::new(),
+        set: Vec::new(),
     })
     .unwrap()
 }

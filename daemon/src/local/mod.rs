@@ -11,6 +11,7 @@ mod args;
 mod csv;
 mod events;
 mod live;
+mod overrides;
 mod peers;
 pub(crate) mod plot;
 mod record;

@@ -367,6 +367,7 @@ mod tests {
             no_error_feedback: false,
             clip: None,
             fault: Vec::new(),
+            set: Vec::new(),
         })
         .unwrap()
     }

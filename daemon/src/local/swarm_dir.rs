@@ -19,6 +19,7 @@ use murmur_gossip::net::NetConfig;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 
 use super::args::LocalPlan;
+use super::overrides;
 use crate::config::schema::{
     AveragingSection, CheckpointSection, Config, IdentitySection, LogSection, MetricsSection,
     SwarmSection, TrainingSection, VolunteerSection,
@@ -113,24 +114,26 @@ impl SwarmDir {
         index: usize,
         bootstrap: &[String],
     ) -> anyhow::Result<()> {
-        let config = self.peer_config(plan, index, bootstrap);
+        let config = self.peer_config(plan, index, bootstrap)?;
         self.write_peer_config(plan, index, &config)
     }
 
-    /// Peer `index`'s config, for a caller to adjust before [`SwarmDir::write_peer_config`].
+    /// Peer `index`'s config, `--set` overrides applied, for a caller to adjust before
+    /// [`SwarmDir::write_peer_config`].
     pub(crate) fn peer_config(
         &self,
         plan: &LocalPlan,
         index: usize,
         bootstrap: &[String],
-    ) -> Config {
-        peer_config(&PeerConfig {
+    ) -> anyhow::Result<Config> {
+        let config = peer_config(&PeerConfig {
             plan,
             index,
             authority: &self.authority,
             bootstrap,
             cpu_threads: cpu_threads_per_peer(plan.peers),
-        })
+        });
+        Ok(overrides::apply(config, &plan.overrides)?)
     }
 
     /// Writes `config` as peer `index`'s config file.
@@ -198,6 +201,25 @@ fn tempfile_dir() -> anyhow::Result<PathBuf> {
 fn cpu_threads_per_peer(peers: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     (cores / peers.max(1)).max(1)
+}
+
+/// Checks `plan`'s `--set` overrides against a peer config before anything is created, so
+/// a bad one is refused before any peer starts.
+pub(crate) fn check_overrides(plan: &LocalPlan) -> Result<(), BadInput> {
+    if plan.overrides.is_empty() {
+        return Ok(());
+    }
+    let authority = Keypair::generate()
+        .map_err(|e| BadInput(format!("--set: no key to check the overrides with: {e}")))?
+        .peer_id();
+    let config = peer_config(&PeerConfig {
+        plan,
+        index: 0,
+        authority: &authority,
+        bootstrap: &[],
+        cpu_threads: 1,
+    });
+    overrides::apply(config, &plan.overrides).map(drop)
 }
 
 /// What goes into one peer's config file.
@@ -332,6 +354,7 @@ mod tests {
             no_error_feedback: false,
             clip: None,
             fault: Vec::new(),
+            set: Vec::new(),
         })
         .unwrap()
     }
@@ -473,6 +496,7 @@ mod tests {
             no_error_feedback: false,
             clip: None,
             fault: Vec::new(),
+            set: Vec::new(),
         })
         .unwrap();
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), plan.peers).unwrap();

@@ -258,7 +258,6 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let setup = EngineSetup {
         codec: peer.settings.codec,
         error_feedback: peer.settings.error_feedback,
-        overlap: true,
         size_parts_by_bandwidth: true,
         batch_size: peer.settings.task.data.batch_size as u64,
         upload_cap: peer.settings.net.max_upload_bytes_per_s,

@@ -52,6 +52,12 @@ pub struct ButterflyConfig {
     /// times the median weight declared to it in the round, so that a member inflating
     /// its samples cannot outweigh the others; 0 turns the bound off.
     pub max_weight_ratio: f32,
+    /// `butterfly` mode: keep computing gradients while a round forms and runs, towards the
+    /// next round. The trainer never idles, but every gradient applied is then one round
+    /// stale (computed before the previous round's update), which lowers the learning rate
+    /// at which training stays stable. Off, a peer waits for its round's update before its
+    /// next gradient, as a synchronous all-reduce does. Other modes always wait.
+    pub overlap: bool,
 }
 
 /// CenteredClip at the reducer (Karimireddy, He and Jaggi, 2021).
@@ -208,6 +214,7 @@ impl Default for ButterflyConfig {
             reducer_timeout_ms: 15_000,
             clip: None,
             max_weight_ratio: 4.0,
+            overlap: false,
         }
     }
 }

@@ -598,11 +598,18 @@ impl<P: PeerKey> ButterflyRound<P> {
 
     fn finalize_ready(&mut self) {
         let own = self.parts[self.me].layout.range.clone();
+        let before = self.ready.len();
         self.reduction.finalize_ready(
             &self.local[own.clone()],
             &mut self.result[own],
             &mut self.ready,
         );
+        // Encoding at once makes this member's own result what the others will decode.
+        if self.group.len() > 1 {
+            for i in before..self.ready.len() {
+                self.encode_average(self.ready[i] as usize);
+            }
+        }
         self.note_own_part_progress();
     }
 
@@ -748,16 +755,28 @@ impl<P: PeerKey> ButterflyRound<P> {
             .as_mut()
             .filter(|_| codec.spec() != CodecSpec::F32);
         // See `encode` for why a failed encoding goes out empty.
-        self.averages.get_or_encode(chunk, |buffer| match feedback {
+        let payload = self.averages.get_or_encode(chunk, |buffer| match feedback {
             Some(f) => encode_corrected(
                 codec,
                 values,
-                &mut f.residuals.averages[range],
+                &mut f.residuals.averages[range.clone()],
                 &mut f.corrected,
                 buffer,
             ),
             None => codec.encode(values, buffer).unwrap_or(0),
-        })
+        });
+        // Every other member applies the decoded average; so does this one, so that the
+        // group's replicas stay bit-identical (their updates must be, or they drift apart
+        // by the codec's error each round with nothing to pull them back). The exact
+        // average's loss is carried into the next round by error feedback, when on.
+        if codec.spec() != CodecSpec::F32
+            && let Some(bytes) = self.averages.get(chunk).filter(|b| !b.is_empty())
+        {
+            // The bytes were just encoded from a chunk of this length: decoding them
+            // cannot fail, and if it did the exact values would stay, as before.
+            let _ = codec.decode_into(bytes, &mut self.result[range]);
+        }
+        payload
     }
 
     fn send_part_chunk(&mut self, d: usize) {

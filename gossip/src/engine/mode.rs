@@ -69,9 +69,6 @@ pub struct EngineSetup {
     /// Carry each round's quantization error into the next (round modes; SGP keeps its own
     /// exact-mass scheme).
     pub error_feedback: bool,
-    /// Butterfly: compute towards the next round while one is being formed and averaged
-    /// ([`RoundSettings::overlap`]).
-    pub overlap: bool,
     /// Size butterfly parts by each member's bandwidth; off, every part is equal
     /// ([`RoundSettings::size_parts_by_bandwidth`]).
     pub size_parts_by_bandwidth: bool,
@@ -195,7 +192,7 @@ fn round_engine<P: PeerKey>(
         butterfly: butterfly.clone(),
         ring_timeout,
         error_feedback: setup.error_feedback,
-        overlap: setup.overlap,
+        overlap: butterfly.overlap,
         size_parts_by_bandwidth: setup.size_parts_by_bandwidth,
         batch_size: setup.batch_size,
         upload_cap: setup.upload_cap,

@@ -21,9 +21,10 @@
 //!    ([`Work::Apply`]); local SGD, which averages parameters, takes its outer step on the
 //!    pseudo-gradient `anchor − average` ([`OuterStep`]).
 //!
-//! In butterfly mode a peer keeps computing gradients while it looks for a group and while
-//! its round runs (with [`RoundSettings::overlap`], as `murmur run` sets it): those steps
-//! count towards the next round. The other modes wait.
+//! In butterfly mode with [`RoundSettings::overlap`] a peer keeps computing gradients while
+//! it looks for a group and while its round runs: those steps count towards the next round,
+//! and every gradient applied is one round stale. Without it (the default), and in the
+//! other modes, a peer waits for its round's update.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
@@ -81,8 +82,8 @@ pub struct RoundSettings {
     /// Carry each round's quantization error into the next (lossy codecs).
     pub error_feedback: bool,
     /// Butterfly: keep computing gradients while looking for a group and while the round
-    /// runs, towards the next round (the daemon does). Off, a peer waits for its round, so
-    /// that each round averages exactly one contribution per member (benchmarks).
+    /// runs, towards the next round (`[averaging.butterfly] overlap`,
+    /// [`ButterflyConfig::overlap`]). Off, a peer waits for its round's update.
     pub overlap: bool,
     /// Size the parts of a group this peer leads by the bandwidth each member declares
     /// (the measured upload, capped by the declared cap); off, a peer declares none, and
@@ -174,6 +175,11 @@ pub struct RoundEngine<P> {
     now: Time,
     /// Samples per second over recent steps (exponential average).
     rate: f64,
+    /// How long this peer's last local step took.
+    step_took: Duration,
+    /// Butterfly without overlap: the trainer waits until then for the others' steps in
+    /// progress to make the round due, instead of starting a step the round would wait for.
+    hold_until: Option<Time>,
 }
 
 impl<P: PeerKey> RoundEngine<P> {
@@ -233,6 +239,8 @@ impl<P: PeerKey> RoundEngine<P> {
             quiet_in_round: HashSet::new(),
             now: Time::ZERO,
             rate: 0.0,
+            step_took: Duration::ZERO,
+            hold_until: None,
             settings,
         };
         engine.announce(Time::ZERO);
@@ -297,7 +305,7 @@ impl<P: PeerKey> RoundEngine<P> {
             Phase::Matching { .. } | Phase::Averaging => self.overlaps(),
             Phase::Applying => false,
         };
-        if !computing {
+        if !computing || self.holds_for_the_swarm() {
             return;
         }
         let Some(params) = self.params.take() else {
@@ -364,13 +372,54 @@ impl<P: PeerKey> RoundEngine<P> {
                 self.end_round(now);
             }
         }
+        self.hold_until = None;
         self.announce(now);
         self.maybe_ready(now)?;
         self.next_work();
         Ok(())
     }
 
+    /// Butterfly without overlap, between rounds: whether to leave the trainer idle for up
+    /// to one step rather than start another. A peer that has contributed, but whose round
+    /// is not due yet, would otherwise start a step whenever the others' reports of the
+    /// steps they are finishing have not arrived; the round then waits for that step, and
+    /// takes two step times instead of one. It holds while the samples reported, plus what
+    /// the members heard at this round produce at their rates within one and a half steps of
+    /// its own reach the target; the round becomes due when their reports come, and if they never
+    /// do, the hold ends after that one step. Hivemind projects the swarm's progress from
+    /// the members' reported rates the same way to time its averaging rounds.
+    fn holds_for_the_swarm(&mut self) -> bool {
+        let RoundPolicy::Butterfly { target_batch } = self.settings.policy else {
+            return false;
+        };
+        if self.phase != Phase::Training || self.overlaps() || self.samples == 0 {
+            return false;
+        }
+        if let Some(until) = self.hold_until {
+            return self.now < until;
+        }
+        // Half a step of slack: steps of equal length would otherwise sit on the edge of the
+        // projection, where a rate a hair below this peer's own tips it over.
+        let window = 1.5 * self.step_took.as_secs_f64();
+        let (round, now) = (self.round, self.now);
+        let coming: f64 = self
+            .membership
+            .heard()
+            .filter(|(peer, beat)| {
+                beat.step == round && self.membership.fresh(peer, now, QUIET_INTERVALS)
+            })
+            .map(|(_, beat)| f64::from(beat.samples_per_s) * window)
+            .sum();
+        let expected = (self.samples + self.membership.samples_at(round)) as f64 + coming;
+        if expected < target_batch as f64 {
+            return false;
+        }
+        self.hold_until = Some(now + self.step_took);
+        true
+    }
+
     fn note_rate(&mut self, samples: u64, took: Duration) {
+        self.step_took = took;
         let rate = samples as f64 / took.as_secs_f64().max(1e-6);
         self.rate = if self.rate == 0.0 {
             rate
@@ -737,17 +786,37 @@ impl<P: PeerKey> RoundEngine<P> {
             }
             _ => {
                 let group = self.last_group_size();
-                // The schedule follows the data this peer has trained on (its local steps),
-                // not the rounds, whose count depends on how the swarm formed its groups.
                 let work = Work::Apply {
                     params,
                     grad: result,
-                    step: self.local_step,
+                    step: self.schedule_step(group),
                     swarm_batch: self.settings.batch_size * group as u64,
                 };
                 self.working = Some(work.kind());
                 self.outputs.push_back(EngineOutput::Work(work));
             }
+        }
+    }
+
+    /// The learning-rate schedule's step for the update of this round, in local steps.
+    ///
+    /// Butterfly: the round's number times the local steps one round holds per member
+    /// (`target_batch / (batch_size × group)`), so that every member of a round applies
+    /// its update at the same rate, and the replicas stay identical; members' own local
+    /// step counts differ by the steps each took towards each round. Sync-ring: the local
+    /// step, which every member shares.
+    fn schedule_step(&self, group: usize) -> u64 {
+        match self.settings.policy {
+            RoundPolicy::Butterfly { target_batch } => {
+                let per_round = self.settings.batch_size.saturating_mul(group as u64);
+                if per_round == 0 {
+                    return self.local_step;
+                }
+                let step =
+                    u128::from(self.round) * u128::from(target_batch) / u128::from(per_round);
+                u64::try_from(step).unwrap_or(u64::MAX)
+            }
+            _ => self.local_step,
         }
     }
 
@@ -757,6 +826,7 @@ impl<P: PeerKey> RoundEngine<P> {
 
     /// The round's update is applied: on to the next round.
     fn end_round(&mut self, now: Time) {
+        self.hold_until = None;
         self.round += 1;
         self.engaged.clear();
         self.rounds_done += 1;
@@ -926,7 +996,10 @@ impl<P: PeerKey> RoundEngine<P> {
             });
         });
         self.after_round_input(now)?;
-        self.maybe_ready(now)
+        self.maybe_ready(now)?;
+        // A hold that ran out lets the trainer take its next step.
+        self.next_work();
+        Ok(())
     }
 
     /// A member of the running round whose heartbeats stopped for [`QUIET_INTERVALS`] is not
@@ -1112,6 +1185,7 @@ impl<P: PeerKey> Engine<P> for RoundEngine<P> {
             consider(collective.poll_timeout());
         }
         consider(self.early.next_expiry(self.early_max_age()));
+        consider(self.hold_until.filter(|&until| until > self.now));
         next
     }
 

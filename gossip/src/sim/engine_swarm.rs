@@ -328,7 +328,6 @@ impl EngineSwarm {
             setup: EngineSetup {
                 codec,
                 error_feedback: true,
-                overlap: true,
                 size_parts_by_bandwidth: true,
                 batch_size: scenario.compute.samples_per_step,
                 upload_cap: 0,
