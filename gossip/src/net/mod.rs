@@ -18,7 +18,9 @@
 //! # Authorization
 //!
 //! Every connection starts with an [`AuthHello`](murmur_protocol::message::AuthHello)
-//! exchange over the control protocol (see the `auth` module). Until a peer's invite has
+//! exchange over the control protocol (see the `auth` module), in which the dialer proves
+//! its invite first. Until a peer is admitted, its Kademlia and identify streams wait
+//! unanswered (the `gate` module), so a stranger learns no member and no address. Until a peer's invite has
 //! verified against the swarm authority, swarm id, the transport-authenticated peer id and
 //! the clock, its tensor streams are dropped unread, its gossip is rejected and it is kept
 //! out of the DHT. A peer that fails, or does not finish within `net.auth_timeout_ms`, is
