@@ -141,7 +141,8 @@ impl Swarm {
 }
 
 /// What a test chooses in a peer's config; the rest is fixed for fast loopback swarms:
-/// QUIC on 127.0.0.1, one trainer thread, SGP, heartbeats every 500 ms, the built-in task.
+/// one trainer thread, the built-in task, and by default QUIC on 127.0.0.1, SGP and
+/// heartbeats every 500 ms.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerSettings {
     /// `[net] bootstrap`.

@@ -154,7 +154,7 @@ impl Default for NetConfig {
             request_timeout_ms: 10_000,
             stream_open_timeout_ms: 5_000,
             tensor_read_timeout_ms: 10_000,
-            frame_timeout_ms: 30_000,
+            frame_timeout_ms: 60_000,
             max_partial_frame_bytes_per_peer: 2 * u64::from(FrameLimits::DEFAULT_MAX_PAYLOAD),
             tensor_write_timeout_ms: 10_000,
             command_timeout_ms: 5_000,
