@@ -25,7 +25,8 @@ use tokio::sync::broadcast;
 fn body(step: u64) -> HeartbeatBody {
     HeartbeatBody {
         step,
-        timestamp_ms: 1_700_000_000_000 + step,
+        // Now, so that it is fresh; later steps are later, so none is taken for a replay.
+        timestamp_ms: support::wall_ms() + step,
         samples_per_s: 100.0,
         upload_bytes_per_s: 1_000_000,
         download_bytes_per_s: 1_000_000,
@@ -205,7 +206,8 @@ async fn a_member_relaying_a_heartbeat_signed_by_an_uninvited_key_is_refused_and
         .expect("subscribe");
     rogue.dial(victim_addr).expect("dial");
 
-    // The member answers the victim's hello with its own. Once told to (after the victim
+    // The member, as the dialer, proves its invite first, and answers the victim's hello
+    // with its own. Once told to (after the victim
     // admitted it, so that only the signer can be the reason for a refusal), it publishes
     // the phantom's heartbeat, retrying until the victim's subscription has arrived. It
     // keeps running after that so that the connection stays up.
@@ -217,6 +219,9 @@ async fn a_member_relaying_a_heartbeat_signed_by_an_uninvited_key_is_refused_and
         loop {
             tokio::select! {
                 event = rogue.select_next_some() => {
+                    if let SwarmEvent::ConnectionEstablished { peer_id, .. } = &event {
+                        rogue.behaviour_mut().control.send_request(peer_id, hello.clone());
+                    }
                     if let SwarmEvent::Behaviour(RogueMemberEvent::Control(
                         request_response::Event::Message {
                             message: request_response::Message::Request { channel, .. },

@@ -27,6 +27,7 @@ use murmur_gossip::butterfly::ButterflyConfig;
 use murmur_gossip::net::MIN_QUIC_RECEIVE_WINDOW;
 use murmur_gossip::net::bench::{StreamBenchConfig, stream_throughput};
 use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::frame::FrameLimits;
 use serde_json::{Value, json};
 
 use murmur_protocol::message::AveragingMode;
@@ -401,6 +402,16 @@ fn write_config(
 ) -> anyhow::Result<()> {
     let mut config = dir.peer_config(plan, index, bootstrap)?;
     config.net.max_frame_payload = tables.max_frame_payload;
+    // Larger frames than the default: room for two of them in flight per peer, and as long
+    // to arrive per byte as the default allows its own.
+    let frame = u64::from(tables.max_frame_payload) + murmur_protocol::frame::HEADER_LEN as u64;
+    config.net.max_partial_frame_bytes_per_peer = 2 * frame;
+    let scale = u64::from(
+        tables
+            .max_frame_payload
+            .div_ceil(FrameLimits::DEFAULT_MAX_PAYLOAD),
+    );
+    config.net.frame_timeout_ms = config.net.frame_timeout_ms.saturating_mul(scale.max(1));
     if let Some(window) = tables.quic_receive_window {
         config.net.quic_stream_receive_window = window;
         config.net.quic_connection_receive_window = window;

@@ -234,6 +234,21 @@ pub(crate) struct PeerConfig<'a> {
 
 /// The config file of one peer, in the daemon's schema. The task sections are left out, so
 /// the daemon trains the built-in preset.
+/// The network section of a local peer. Every peer of a local swarm on loopback shares
+/// one address, so the limits per source address are those of all sources together: up
+/// to 64 peers dial each other from 127.0.0.1 at once.
+fn local_net(quic: String, bootstrap: Vec<String>) -> NetConfig {
+    let defaults = NetConfig::default();
+    NetConfig {
+        listen_addrs: vec![quic],
+        bootstrap,
+        mdns: false,
+        max_pending_incoming_per_ip: defaults.max_pending_incoming,
+        max_incoming_connections_per_ip: defaults.max_connections,
+        ..defaults
+    }
+}
+
 /// The config file of one peer, as `murmur run` reads it: the config struct itself, every
 /// section at the built-in task's and the daemon's defaults but what a local swarm sets.
 pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
@@ -251,12 +266,7 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
             authority: c.authority.to_string(),
             invite_file: INVITE_FILE.into(),
         },
-        net: NetConfig {
-            listen_addrs: vec![quic],
-            bootstrap: c.bootstrap.to_vec(),
-            mdns: false,
-            ..NetConfig::default()
-        },
+        net: local_net(quic, c.bootstrap.to_vec()),
         volunteer: VolunteerSection {
             cpu_threads: c.cpu_threads,
             ..VolunteerSection::default()

@@ -62,8 +62,13 @@
 //! | `murmur_net_bad_frames_total` | counter | | tensor streams closed for a bad frame or message |
 //! | `murmur_net_gossip_rejected_total` | counter | | gossip messages rejected |
 //! | `murmur_net_heartbeats_received_total` | counter | | heartbeats accepted |
-//! | `murmur_net_heartbeats_refused_total` | counter | reason (`uninvited_signer`) | heartbeats refused by their signer, whoever forwarded them: the signer holds no invite this peer verified and that is still valid (also in `murmur_net_gossip_rejected_total`) |
+//! | `murmur_net_heartbeats_refused_total` | counter | reason (`uninvited_signer`, `stale`, `replayed`) | heartbeats refused by their signer or their time, whoever forwarded them: the signer holds no invite this peer verified and that is still valid; the timestamp is further than `net.max_heartbeat_age_ms` from this peer's clock; or it is not after the signer's last accepted one (also in `murmur_net_gossip_rejected_total`) |
 //! | `murmur_net_tensor_streams_accepted_total` | counter | | inbound tensor streams handed to the run loop |
+//! | `murmur_net_connections_refused_total` | counter | reason (`pending_per_ip`, `per_ip`, `limit`, `banned`) | connections closed before or as they start: their source IP had `net.max_pending_incoming_per_ip` handshakes under way or `net.max_incoming_connections_per_ip` connections, a limit of all sources together was full, or their peer is banned |
+//! | `murmur_net_handshake_timeouts_total` | counter | | incoming connections dropped for not finishing their transport handshake within `net.handshake_timeout_ms` |
+//! | `murmur_net_tensor_frames_timed_out_total` | counter | | tensor streams closed because a frame did not arrive whole within `net.frame_timeout_ms` of its first byte |
+//! | `murmur_net_tensor_streams_over_partial_budget_total` | counter | | tensor streams closed because their peer's incomplete frames would hold more than `net.max_partial_frame_bytes_per_peer` |
+//! | `murmur_net_peers_banned_total` | counter | | bans started: a peer refused for its invite `net.ban_after_refusals` times or more |
 //! | `murmur_net_tensor_streams_refused_total` | counter | reason (`unauthorized`, `limit`) | inbound tensor streams dropped unread |
 //! | `murmur_process_resident_memory_bytes` | gauge | | resident set size (`/proc/self/status` `VmRSS`) |
 //! | `murmur_process_cpu_seconds_total` | counter | | user + system CPU time, all threads |

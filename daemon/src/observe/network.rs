@@ -200,13 +200,14 @@ struct NetCollector {
     source: SharedSource,
     counters: Vec<(Desc, ReadCounter)>,
     streams_refused: Desc,
+    connections_refused: Desc,
     heartbeats_refused: Desc,
     throughput: Desc,
 }
 
 impl NetCollector {
     fn new(source: SharedSource) -> Result<NetCollector, ObserveError> {
-        let plain: [(&str, &str, ReadCounter); 9] = [
+        let plain: [(&str, &str, ReadCounter); 13] = [
             (
                 "murmur_net_tensor_bytes_sent_total",
                 "Tensor stream bytes written, all peers.",
@@ -252,6 +253,26 @@ impl NetCollector {
                 "Inbound tensor streams handed to the run loop.",
                 |s| s.tensor_streams_accepted,
             ),
+            (
+                "murmur_net_handshake_timeouts_total",
+                "Incoming connections dropped for not finishing their transport handshake in time.",
+                |s| s.handshake_timeouts,
+            ),
+            (
+                "murmur_net_peers_banned_total",
+                "Bans started for peers refused for their invite too often.",
+                |s| s.peers_banned,
+            ),
+            (
+                "murmur_net_tensor_frames_timed_out_total",
+                "Tensor streams closed for a frame that did not arrive whole in time.",
+                |s| s.tensor_frames_timed_out,
+            ),
+            (
+                "murmur_net_tensor_streams_over_partial_budget_total",
+                "Tensor streams closed because their peer's partial frames would exceed its budget.",
+                |s| s.tensor_streams_over_partial_budget,
+            ),
         ];
         let mut counters = Vec::with_capacity(plain.len());
         for (name, help, read) in plain {
@@ -263,6 +284,11 @@ impl NetCollector {
             streams_refused: describe(
                 "murmur_net_tensor_streams_refused_total",
                 "Inbound tensor streams dropped unread, by reason.",
+                &["reason"],
+            )?,
+            connections_refused: describe(
+                "murmur_net_connections_refused_total",
+                "Connections closed before or at their start, by reason.",
                 &["reason"],
             )?,
             heartbeats_refused: describe(
@@ -283,6 +309,7 @@ impl Collector for NetCollector {
     fn desc(&self) -> Vec<&Desc> {
         let mut descs: Vec<&Desc> = self.counters.iter().map(|(d, _)| d).collect();
         descs.push(&self.streams_refused);
+        descs.push(&self.connections_refused);
         descs.push(&self.heartbeats_refused);
         descs.push(&self.throughput);
         descs
@@ -314,12 +341,30 @@ impl Collector for NetCollector {
         .map(|(reason, n)| sample(&[("reason", reason)], *n as f64, counter))
         .collect();
         families.push(family(&self.streams_refused, counter, refused));
-        let uninvited = snapshot.heartbeats_refused_uninvited_signer as f64;
-        let heartbeats_refused = vec![sample(
-            &[("reason", "uninvited_signer")],
-            uninvited,
-            counter,
-        )];
+        let connections = [
+            (
+                "pending_per_ip",
+                snapshot.connections_refused_pending_per_ip,
+            ),
+            ("per_ip", snapshot.connections_refused_per_ip),
+            ("limit", snapshot.connections_refused_limit),
+            ("banned", snapshot.connections_refused_banned),
+        ]
+        .iter()
+        .map(|(reason, n)| sample(&[("reason", reason)], *n as f64, counter))
+        .collect();
+        families.push(family(&self.connections_refused, counter, connections));
+        let heartbeats_refused = [
+            (
+                "uninvited_signer",
+                snapshot.heartbeats_refused_uninvited_signer,
+            ),
+            ("stale", snapshot.heartbeats_refused_stale),
+            ("replayed", snapshot.heartbeats_refused_replayed),
+        ]
+        .iter()
+        .map(|(reason, n)| sample(&[("reason", reason)], *n as f64, counter))
+        .collect();
         families.push(family(
             &self.heartbeats_refused,
             counter,
@@ -396,6 +441,16 @@ pub(super) mod tests {
             heartbeats_received: 9,
             tensor_bytes_sent: 10_000,
             tensor_bytes_received: 20_000,
+            connections_refused_pending_per_ip: 12,
+            connections_refused_per_ip: 13,
+            connections_refused_limit: 14,
+            connections_refused_banned: 15,
+            peers_banned: 16,
+            handshake_timeouts: 17,
+            heartbeats_refused_stale: 18,
+            heartbeats_refused_replayed: 19,
+            tensor_frames_timed_out: 20,
+            tensor_streams_over_partial_budget: 21,
         };
         let bandwidth = BandwidthEstimator::new(0.5, 1);
         bandwidth.record(
@@ -441,6 +496,16 @@ pub(super) mod tests {
             r#"murmur_net_heartbeats_refused_total{reason="uninvited_signer"} 11"#.to_owned(),
             "murmur_net_tensor_bytes_sent_total 10000".to_owned(),
             "murmur_net_tensor_bytes_received_total 20000".to_owned(),
+            r#"murmur_net_connections_refused_total{reason="pending_per_ip"} 12"#.to_owned(),
+            r#"murmur_net_connections_refused_total{reason="per_ip"} 13"#.to_owned(),
+            r#"murmur_net_connections_refused_total{reason="limit"} 14"#.to_owned(),
+            r#"murmur_net_connections_refused_total{reason="banned"} 15"#.to_owned(),
+            "murmur_net_peers_banned_total 16".to_owned(),
+            "murmur_net_handshake_timeouts_total 17".to_owned(),
+            r#"murmur_net_heartbeats_refused_total{reason="stale"} 18"#.to_owned(),
+            r#"murmur_net_heartbeats_refused_total{reason="replayed"} 19"#.to_owned(),
+            "murmur_net_tensor_frames_timed_out_total 20".to_owned(),
+            "murmur_net_tensor_streams_over_partial_budget_total 21".to_owned(),
             format!(
                 r#"murmur_net_peer_throughput_bytes_per_second{{peer="{p1}",direction="upload"}} 2000000"#
             ),

@@ -141,7 +141,8 @@ impl Swarm {
 }
 
 /// What a test chooses in a peer's config; the rest is fixed for fast loopback swarms:
-/// QUIC on 127.0.0.1, one trainer thread, SGP, heartbeats every 500 ms, the built-in task.
+/// one trainer thread, the built-in task, and by default QUIC on 127.0.0.1, SGP and
+/// heartbeats every 500 ms.
 #[derive(Debug, Clone)]
 pub(crate) struct PeerSettings {
     /// `[net] bootstrap`.
@@ -171,6 +172,10 @@ pub(crate) struct PeerSettings {
     /// Serve `/metrics`, `/status` and `/healthz` on a free loopback port (its address is
     /// in the `ready` line).
     pub(crate) metrics: bool,
+    /// `[net] listen_addrs`.
+    pub(crate) listen_addrs: Vec<String>,
+    /// Further integer keys of `[net]` (`max_pending_incoming_per_ip`, …), as written.
+    pub(crate) net_keys: Vec<(&'static str, u64)>,
 }
 
 impl Default for PeerSettings {
@@ -189,6 +194,8 @@ impl Default for PeerSettings {
             codec: None,
             heartbeat_interval_ms: 500,
             metrics: false,
+            listen_addrs: vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_owned()],
+            net_keys: Vec::new(),
         }
     }
 }
@@ -278,14 +285,14 @@ impl PeerDir {
 fn config_text(authority: &str, s: &PeerSettings) -> String {
     let quoted = |text: &str| format!("{text:?}");
     let bootstrap: Vec<String> = s.bootstrap.iter().map(|a| quoted(a)).collect();
+    let listen: Vec<String> = s.listen_addrs.iter().map(|a| quoted(a)).collect();
     let mut t = String::new();
     // `write!` into a String cannot fail.
     let _ = write!(
         t,
         "[identity]\nkey_file = \"murmur.key\"\n\n\
          [swarm]\nid = {id}\nauthority = {authority}\ninvite_file = \"invite\"\n\n\
-         [net]\nlisten_addrs = [\"/ip4/127.0.0.1/udp/0/quic-v1\"]\nbootstrap = [{bootstrap}]\n\
-         mdns = false\n\n\
+         [net]\nlisten_addrs = [{listen}]\nbootstrap = [{bootstrap}]\nmdns = false\n{net_keys}\n\
          [volunteer]\ncpu_threads = 1\n\n\
          [training]\nsteps = {steps}\neval_every_steps = {eval}\nmin_peers = {min_peers}\n\
          start_timeout_ms = 30000\ndevice = {device}\n",
@@ -293,6 +300,12 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         device = quoted(&s.device),
         authority = quoted(authority),
         bootstrap = bootstrap.join(", "),
+        listen = listen.join(", "),
+        net_keys = s
+            .net_keys
+            .iter()
+            .map(|(key, value)| format!("{key} = {value}\n"))
+            .collect::<String>(),
         steps = s.steps,
         eval = s.eval_every_steps,
         min_peers = s.min_peers,

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
@@ -27,8 +27,10 @@ use super::config::ValidConfig;
 use super::control::ControlFrame;
 use super::error::NetError;
 use super::handle::{Command, InboundControl, unix_now};
+use super::heartbeat_freshness::HeartbeatFreshness;
 use super::identity::from_libp2p;
 use super::invites::VerifiedInvites;
+use super::partial_frames::PartialFrameBudget;
 use super::tensor_stream::{StreamContext, StreamSlot, TensorStreamReader};
 
 /// How often deadlines (auth, invite expiry, expired requests) are checked.
@@ -44,8 +46,12 @@ pub(crate) const VERIFIED_INVITES_PER_CONNECTION: usize = 4;
 /// Which counter a refusal goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
-    /// The peer's invite (or its answer to ours) did not verify.
+    /// The peer's invite (in its hello, or in its answer to ours) did not verify; counts
+    /// towards its ban.
     Rejected,
+    /// The exchange failed without the peer's invite being at fault (it refused ours, or
+    /// the stream broke): counted as a rejection, not towards a ban.
+    Failed,
     /// The peer did not finish the auth exchange in time.
     TimedOut,
 }
@@ -69,6 +75,8 @@ pub(crate) struct PeerState {
     pub(crate) in_dht: bool,
     /// Inbound tensor streams the peer has open now.
     pub(crate) inbound_open: Arc<AtomicU32>,
+    /// Bytes its inbound streams hold in incomplete frames, all together.
+    pub(crate) partial_bytes: Arc<AtomicU64>,
     /// Its open connections, oldest first.
     pub(crate) connections: Vec<ConnectionId>,
     /// The connections it had when it was admitted: the admitted process's own, so a
@@ -92,6 +100,7 @@ impl PeerState {
             addrs: Vec::new(),
             in_dht: false,
             inbound_open: Arc::new(AtomicU32::new(0)),
+            partial_bytes: Arc::new(AtomicU64::new(0)),
             connections: Vec::new(),
             admitted_on: Vec::new(),
             reannounce_when_alone: false,
@@ -144,6 +153,8 @@ pub(crate) struct NetActor {
     pub(crate) bootstrap: BootstrapDials,
     /// Peers whose invite this node verified, connected or not: whose heartbeats count.
     pub(crate) invites: VerifiedInvites,
+    /// The last heartbeat time of each signer, for dropping stale and replayed ones.
+    pub(crate) freshness: HeartbeatFreshness,
     /// When refused gossip was last logged at warn.
     pub(crate) gossip_refusals_warned_at: Option<Instant>,
     /// Refused gossip messages logged at debug since then.
@@ -330,7 +341,9 @@ impl NetActor {
             tracing::warn!(%peer, limit, "too many tensor streams from one peer; dropped unread");
             return;
         };
-        let reader = TensorStreamReader::new(id, stream, self.ctx.clone(), slot);
+        let budget =
+            PartialFrameBudget::new(Arc::clone(&state.partial_bytes), self.ctx.partial_budget);
+        let reader = TensorStreamReader::new(id, stream, self.ctx.clone(), slot, budget);
         match self.inbound_streams.try_send(reader) {
             Ok(()) => metrics.tensor_stream_accepted(),
             Err(_) => {
@@ -416,7 +429,7 @@ impl NetActor {
         Ok(())
     }
 
-    /// Marks `peer` refused: counted, logged, reported, forgotten by the record of verified
+    /// Marks `peer` refused: counted (a refusal for its invite also towards its ban), logged, reported, forgotten by the record of verified
     /// invites, out of the DHT, and disconnected after a short grace so that our refusal can
     /// reach it. Idempotent.
     pub(crate) fn refuse(&mut self, peer: &libp2p::PeerId, kind: Refusal, reason: String) {
@@ -428,7 +441,18 @@ impl NetActor {
         }
         state.refused_at = Some(Instant::now());
         match kind {
-            Refusal::Rejected => self.ctx.metrics.auth_rejected(),
+            Refusal::Rejected => {
+                self.ctx.metrics.auth_rejected();
+                if let Some(ban) = self
+                    .swarm
+                    .behaviour_mut()
+                    .admission
+                    .refused_for_invite(*peer)
+                {
+                    tracing::warn!(%peer, ?ban, "peer refused for its invite too often; banned");
+                }
+            }
+            Refusal::Failed => self.ctx.metrics.auth_rejected(),
             Refusal::TimedOut => self.ctx.metrics.auth_timeout(),
         }
         tracing::warn!(%peer, %reason, "peer not authorized; disconnecting");

@@ -1,8 +1,10 @@
 //! Proving membership: the [`AuthHello`] exchange that opens every connection.
 //!
-//! Right after a connection is established each side sends its hello (its key and its
-//! invite) as a control request, and answers the other's request with its own hello, or
-//! with a [`Reject`] naming why the other's invite failed. A hello is accepted when:
+//! The side that dialed sends its hello (its key and its invite) as a control request right
+//! after the connection is established; the side that accepted checks it and answers with
+//! its own hello, or with a [`Reject`] naming why the invite failed, and only then asks for
+//! the dialer's answer to its own hello in turn (the `disclosure` module: the dialer proves
+//! first, so a stranger that connects is never sent an invite). A hello is accepted when:
 //!
 //! 1. it is a well-formed frame holding an [`AuthHello`] within the control limits;
 //! 2. its public key is the key the transport authenticated for the connection (noise or

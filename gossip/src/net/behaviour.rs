@@ -2,6 +2,7 @@
 //!
 //! | behaviour | protocol | why |
 //! |---|---|---|
+//! | [`Admission`] | — | caps pending and established connections per source address; bans peers refused for their invite |
 //! | connection limits | — | caps established and pending connections, per peer and in all |
 //! | identify | `/ipfs/id/1.0.0` | learns a peer's listen addresses for the DHT |
 //! | ping | `/ipfs/ping/1.0.0` | liveness and round-trip time |
@@ -14,8 +15,12 @@
 //!
 //! Kademlia inserts peers into its routing table only when told: the network task adds a
 //! peer once its invite has verified, so an unauthorized peer is never handed out to others.
+//! Kademlia and identify are [`Gated`]: on each connection their streams wait until the
+//! peer has proven its invite, so a stranger gets neither members' ids and addresses nor
+//! this peer's listen addresses.
 
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 use std::time::Duration;
 
 use libp2p::swarm::NetworkBehaviour;
@@ -23,9 +28,12 @@ use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::{gossipsub, identify, kad, mdns, ping, request_response};
 use libp2p_connection_limits::ConnectionLimits;
 
+use super::admission::{Admission, AdmissionLimits};
 use super::config::ValidConfig;
 use super::control::ControlCodec;
 use super::error::NetError;
+use super::gate::Gated;
+use super::metrics::NetMetrics;
 use super::tensor_inbound::TensorInbound;
 
 /// Gossip messages are heartbeats of well under a kilobyte; anything larger is refused at the
@@ -43,10 +51,13 @@ const MAX_GOSSIP_READ: usize = 65536;
 /// Every behaviour of a murmur peer.
 #[derive(NetworkBehaviour)]
 pub(crate) struct MurmurBehaviour {
+    // First, so that a source over its own limits is refused before it takes a place in
+    // the limits of all sources together.
+    pub(crate) admission: Admission,
     pub(crate) limits: libp2p_connection_limits::Behaviour,
-    pub(crate) identify: identify::Behaviour,
+    pub(crate) identify: Gated<identify::Behaviour>,
     pub(crate) ping: ping::Behaviour,
-    pub(crate) kad: kad::Behaviour<kad::store::MemoryStore>,
+    pub(crate) kad: Gated<kad::Behaviour<kad::store::MemoryStore>>,
     pub(crate) gossipsub: gossipsub::Behaviour,
     pub(crate) mdns: Toggle<mdns::tokio::Behaviour>,
     pub(crate) control: request_response::Behaviour<ControlCodec>,
@@ -59,10 +70,20 @@ impl MurmurBehaviour {
     pub(crate) fn new(
         key: &libp2p::identity::Keypair,
         config: &ValidConfig,
+        metrics: Arc<NetMetrics>,
     ) -> Result<MurmurBehaviour, NetError> {
         let raw = &config.raw;
         let local = key.public().to_peer_id();
 
+        let admission = Admission::new(
+            AdmissionLimits {
+                pending_per_ip: raw.max_pending_incoming_per_ip,
+                established_per_ip: raw.max_incoming_connections_per_ip,
+                ban_after_refusals: raw.ban_after_refusals,
+                ban_backoff: ValidConfig::ms(raw.ban_backoff_ms),
+            },
+            metrics,
+        );
         let limits = libp2p_connection_limits::Behaviour::new(
             ConnectionLimits::default()
                 .with_max_established(Some(raw.max_connections))
@@ -129,10 +150,11 @@ impl MurmurBehaviour {
         );
 
         Ok(MurmurBehaviour {
+            admission,
             limits,
-            identify,
+            identify: Gated::new(identify),
             ping: ping::Behaviour::default(),
-            kad,
+            kad: Gated::new(kad),
             gossipsub,
             mdns: Toggle::from(mdns),
             control,

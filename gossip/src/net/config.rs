@@ -9,7 +9,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use libp2p::{Multiaddr, StreamProtocol};
-use murmur_protocol::frame::FrameLimits;
+use murmur_protocol::frame::{FrameLimits, HEADER_LEN};
 use murmur_protocol::identity::{PeerId, PublicKey, SwarmId};
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +51,21 @@ pub struct NetConfig {
     pub max_connections_per_peer: u32,
     /// Most incoming connections still in their handshake.
     pub max_pending_incoming: u32,
+    /// Most incoming connections from one IP address still in their handshake; more are
+    /// closed at once, so one host cannot fill `max_pending_incoming`.
+    pub max_pending_incoming_per_ip: u32,
+    /// Most established incoming connections from one IP address, authorized or not.
+    pub max_incoming_connections_per_ip: u32,
+    /// How long a connection's transport handshake (QUIC, or TCP with noise and yamux) may
+    /// take before it is dropped and its slot freed.
+    pub handshake_timeout_ms: u64,
+    /// A peer refused this many times for its invite is banned.
+    pub ban_after_refusals: u32,
+    /// How long the first ban lasts; each later refusal doubles it, up to 64 times this.
+    pub ban_backoff_ms: u64,
+    /// A heartbeat whose timestamp is further than this from this node's clock (older, or
+    /// ahead) is dropped as stale; so is one not newer than its signer's last.
+    pub max_heartbeat_age_ms: u64,
     /// Most tensor streams one peer may have open towards this peer at once; more are
     /// refused before any byte of them is read.
     pub max_inbound_tensor_streams_per_peer: u32,
@@ -64,6 +79,12 @@ pub struct NetConfig {
     pub stream_open_timeout_ms: u64,
     /// How long a tensor stream may stay silent while a frame is awaited.
     pub tensor_read_timeout_ms: u64,
+    /// How long a tensor frame may take to arrive whole, from its first byte to its last;
+    /// a slower one closes its stream.
+    pub frame_timeout_ms: u64,
+    /// Most bytes one peer's incomplete tensor frames may hold here, all its streams
+    /// together; a stream that would take it past this is closed.
+    pub max_partial_frame_bytes_per_peer: u64,
     /// How long one frame write may wait for the receiver to make room (backpressure).
     pub tensor_write_timeout_ms: u64,
     /// How long a caller waits for the network task to take and answer a command.
@@ -121,12 +142,20 @@ impl Default for NetConfig {
             max_connections: 256,
             max_connections_per_peer: 2,
             max_pending_incoming: 64,
+            max_pending_incoming_per_ip: 16,
+            max_incoming_connections_per_ip: 32,
+            handshake_timeout_ms: 3_000,
+            ban_after_refusals: 3,
+            ban_backoff_ms: 60_000,
+            max_heartbeat_age_ms: 60_000,
             max_inbound_tensor_streams_per_peer: 8,
             max_streams_per_connection: 64,
             auth_timeout_ms: 5_000,
             request_timeout_ms: 10_000,
             stream_open_timeout_ms: 5_000,
             tensor_read_timeout_ms: 10_000,
+            frame_timeout_ms: 60_000,
+            max_partial_frame_bytes_per_peer: 2 * u64::from(FrameLimits::DEFAULT_MAX_PAYLOAD),
             tensor_write_timeout_ms: 10_000,
             command_timeout_ms: 5_000,
             idle_connection_timeout_ms: 60_000,
@@ -199,6 +228,24 @@ impl NetConfig {
                 1,
             ),
             (
+                "net.max_pending_incoming_per_ip",
+                u64::from(self.max_pending_incoming_per_ip),
+                1,
+            ),
+            (
+                "net.max_incoming_connections_per_ip",
+                u64::from(self.max_incoming_connections_per_ip),
+                1,
+            ),
+            ("net.handshake_timeout_ms", self.handshake_timeout_ms, 100),
+            (
+                "net.ban_after_refusals",
+                u64::from(self.ban_after_refusals),
+                1,
+            ),
+            ("net.ban_backoff_ms", self.ban_backoff_ms, 10),
+            ("net.max_heartbeat_age_ms", self.max_heartbeat_age_ms, 100),
+            (
                 "net.max_inbound_tensor_streams_per_peer",
                 u64::from(self.max_inbound_tensor_streams_per_peer),
                 1,
@@ -220,6 +267,7 @@ impl NetConfig {
                 self.tensor_read_timeout_ms,
                 10,
             ),
+            ("net.frame_timeout_ms", self.frame_timeout_ms, 10),
             (
                 "net.tensor_write_timeout_ms",
                 self.tensor_write_timeout_ms,
@@ -269,6 +317,17 @@ impl NetConfig {
         }
         let frame_limits = FrameLimits::new(self.max_frame_payload)
             .map_err(|e| config_error("net.max_frame_payload", e.to_string()))?;
+        // Room for one whole frame, header included, or no large frame could ever arrive.
+        let one_frame = u64::from(self.max_frame_payload) + HEADER_LEN as u64;
+        if self.max_partial_frame_bytes_per_peer < one_frame {
+            return Err(config_error(
+                "net.max_partial_frame_bytes_per_peer",
+                format!(
+                    "is {}; it must hold one whole frame: at least net.max_frame_payload + {HEADER_LEN} ({one_frame})",
+                    self.max_partial_frame_bytes_per_peer
+                ),
+            ));
+        }
         let control_limits = FrameLimits::new(self.max_control_payload)
             .map_err(|e| config_error("net.max_control_payload", e.to_string()))?;
         Ok(ValidConfig {
@@ -386,6 +445,12 @@ mod tests {
         let mut c = valid();
         c.max_frame_payload = u32::MAX;
         assert_eq!(key_of(&c), Some("net.max_frame_payload"));
+        let mut c = valid();
+        c.max_partial_frame_bytes_per_peer = u64::from(c.max_frame_payload) + 11;
+        assert_eq!(key_of(&c), Some("net.max_partial_frame_bytes_per_peer"));
+        let mut c = valid();
+        c.max_pending_incoming_per_ip = 0;
+        assert_eq!(key_of(&c), Some("net.max_pending_incoming_per_ip"));
         let mut c = valid();
         c.quic_stream_receive_window = 1000;
         assert_eq!(key_of(&c), Some("net.quic_stream_receive_window"));

@@ -99,6 +99,19 @@ pub enum NetError {
         #[source]
         source: MessageError,
     },
+    /// The peer's frames in flight, all its streams together, would hold more than
+    /// `net.max_partial_frame_bytes_per_peer`; the stream was closed.
+    #[error(
+        "peer {peer} would have {held} bytes held in partial frames, over net.max_partial_frame_bytes_per_peer ({limit}); stream closed"
+    )]
+    PartialFrameBudget {
+        /// The peer.
+        peer: PeerId,
+        /// What its partial frames would hold.
+        held: u64,
+        /// The budget.
+        limit: u64,
+    },
     /// A message could not be encoded (a local bug or an out-of-range value).
     #[error("cannot encode a message: {0}")]
     Encode(#[source] MessageError),

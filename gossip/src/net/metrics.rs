@@ -26,6 +26,16 @@ pub struct NetMetrics {
     heartbeats_received: AtomicU64,
     tensor_bytes_sent: AtomicU64,
     tensor_bytes_received: AtomicU64,
+    connections_refused_pending_per_ip: AtomicU64,
+    connections_refused_per_ip: AtomicU64,
+    connections_refused_limit: AtomicU64,
+    connections_refused_banned: AtomicU64,
+    peers_banned: AtomicU64,
+    handshake_timeouts: AtomicU64,
+    heartbeats_refused_stale: AtomicU64,
+    heartbeats_refused_replayed: AtomicU64,
+    tensor_frames_timed_out: AtomicU64,
+    tensor_streams_over_partial_budget: AtomicU64,
     per_peer: Mutex<HashMap<PeerId, PeerTraffic>>,
 }
 
@@ -60,6 +70,26 @@ pub struct NetMetricsSnapshot {
     pub tensor_bytes_sent: u64,
     /// Tensor frame bytes read, all peers.
     pub tensor_bytes_received: u64,
+    /// Incoming connections closed at once because their source IP already had `net.max_pending_incoming_per_ip` handshakes under way.
+    pub connections_refused_pending_per_ip: u64,
+    /// Incoming connections closed after their handshake because their source IP already had `net.max_incoming_connections_per_ip` connections.
+    pub connections_refused_per_ip: u64,
+    /// Incoming connections closed because a limit of all sources together (`net.max_pending_incoming`, `net.max_connections`, `net.max_connections_per_peer`) was reached.
+    pub connections_refused_limit: u64,
+    /// Connections (incoming or outgoing) closed because their peer is banned after repeated invite refusals.
+    pub connections_refused_banned: u64,
+    /// Bans started: a peer was refused for its invite `net.ban_after_refusals` times or more.
+    pub peers_banned: u64,
+    /// Incoming connections dropped because their transport handshake did not finish within `net.handshake_timeout_ms`.
+    pub handshake_timeouts: u64,
+    /// Heartbeats refused because their timestamp is further than `net.max_heartbeat_age_ms` from this node's clock (also counted in `gossip_rejected`).
+    pub heartbeats_refused_stale: u64,
+    /// Heartbeats refused because their timestamp is not after the last one accepted from their signer (also counted in `gossip_rejected`).
+    pub heartbeats_refused_replayed: u64,
+    /// Tensor streams closed because a frame did not arrive whole within `net.frame_timeout_ms` of its first byte.
+    pub tensor_frames_timed_out: u64,
+    /// Tensor streams closed because their peer's partial frames would have held more than `net.max_partial_frame_bytes_per_peer`.
+    pub tensor_streams_over_partial_budget: u64,
 }
 
 /// Tensor bytes exchanged with one peer, over streams that have ended.
@@ -88,6 +118,16 @@ impl NetMetrics {
             heartbeats_received: get(&self.heartbeats_received),
             tensor_bytes_sent: get(&self.tensor_bytes_sent),
             tensor_bytes_received: get(&self.tensor_bytes_received),
+            connections_refused_pending_per_ip: get(&self.connections_refused_pending_per_ip),
+            connections_refused_per_ip: get(&self.connections_refused_per_ip),
+            connections_refused_limit: get(&self.connections_refused_limit),
+            connections_refused_banned: get(&self.connections_refused_banned),
+            peers_banned: get(&self.peers_banned),
+            handshake_timeouts: get(&self.handshake_timeouts),
+            heartbeats_refused_stale: get(&self.heartbeats_refused_stale),
+            heartbeats_refused_replayed: get(&self.heartbeats_refused_replayed),
+            tensor_frames_timed_out: get(&self.tensor_frames_timed_out),
+            tensor_streams_over_partial_budget: get(&self.tensor_streams_over_partial_budget),
         }
     }
 
@@ -146,6 +186,53 @@ impl NetMetrics {
     pub(crate) fn tensor_bytes_received(&self, bytes: u64) {
         self.tensor_bytes_received
             .fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub(crate) fn connection_refused_pending_per_ip(&self) {
+        self.connections_refused_pending_per_ip
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn connection_refused_per_ip(&self) {
+        self.connections_refused_per_ip
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn connection_refused_limit(&self) {
+        self.connections_refused_limit
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn connection_refused_banned(&self) {
+        self.connections_refused_banned
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn peer_banned(&self) {
+        self.peers_banned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn handshake_timeout(&self) {
+        self.handshake_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat_refused_stale(&self) {
+        self.heartbeats_refused_stale
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat_refused_replayed(&self) {
+        self.heartbeats_refused_replayed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_frame_timed_out(&self) {
+        self.tensor_frames_timed_out.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn tensor_stream_over_partial_budget(&self) {
+        self.tensor_streams_over_partial_budget
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Folds one ended stream's traffic into the peer's totals.

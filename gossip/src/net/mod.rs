@@ -18,7 +18,9 @@
 //! # Authorization
 //!
 //! Every connection starts with an [`AuthHello`](murmur_protocol::message::AuthHello)
-//! exchange over the control protocol (see the `auth` module). Until a peer's invite has
+//! exchange over the control protocol (see the `auth` module), in which the dialer proves
+//! its invite first. Until a peer is admitted, its Kademlia and identify streams wait
+//! unanswered (the `gate` module), so a stranger learns no member and no address. Until a peer's invite has
 //! verified against the swarm authority, swarm id, the transport-authenticated peer id and
 //! the clock, its tensor streams are dropped unread, its gossip is rejected and it is kept
 //! out of the DHT. A peer that fails, or does not finish within `net.auth_timeout_ms`, is
@@ -32,6 +34,9 @@
 //! until its invite expires; a key this node never verified counts for nothing, whoever
 //! relays it, and is counted in
 //! [`heartbeats_refused_uninvited_signer`](NetMetricsSnapshot::heartbeats_refused_uninvited_signer).
+//! A heartbeat written further than `net.max_heartbeat_age_ms` from this node's clock, or
+//! not after the last one accepted from its signer, is dropped as stale or replayed and
+//! counted.
 //!
 //! # Bounds
 //!
@@ -43,15 +48,21 @@
 //! | events to subscribers | broadcast of `net.event_capacity`; laggards lose the oldest |
 //! | accepted inbound tensor streams | queue of `net.inbound_stream_capacity`; more are dropped unread |
 //! | inbound control requests | queue of `net.control_capacity`; unanswered ones expire after `net.request_timeout_ms` |
+//! | transport handshake | `net.handshake_timeout_ms` (QUIC, and TCP with noise and yamux) |
 //! | auth exchange | `net.auth_timeout_ms` from connection to verified |
 //! | opening a tensor stream | `net.auth_timeout_ms` + `net.stream_open_timeout_ms` |
 //! | each tensor read | `net.tensor_read_timeout_ms` of silence |
+//! | each inbound tensor frame | `net.frame_timeout_ms` from its first byte to its last |
+//! | partial tensor frames held per peer | `net.max_partial_frame_bytes_per_peer`, all its streams together |
 //! | each tensor frame write | `net.tensor_write_timeout_ms` of backpressure |
 //! | tensor frame size | `net.max_frame_payload`, checked before allocation |
 //! | control frame size | `net.max_control_payload`, checked before allocation |
 //! | connections | `net.max_connections`, `net.max_connections_per_peer`, `net.max_pending_incoming` |
+//! | connections per source IP | `net.max_pending_incoming_per_ip` in their handshake, `net.max_incoming_connections_per_ip` established |
+//! | peers refused for their invite | banned after `net.ban_after_refusals` refusals for `net.ban_backoff_ms`, doubling to 64 × |
 //! | streams | `net.max_inbound_tensor_streams_per_peer`; `net.max_streams_per_connection` per QUIC connection |
 //! | gossip messages | 4 KiB |
+//! | heartbeat age | `net.max_heartbeat_age_ms` either way from this node's clock; the last time of 4 × `net.max_connections` signers is kept for replays |
 //! | verified invites remembered for relayed heartbeats | 4 × `net.max_connections`; expired ones dropped first, then the oldest verification |
 //! | warnings about refused gossip | one per 30 s; the rest at debug |
 //! | memory per slow receiver | `net.quic_stream_receive_window` (10 MB) and one frame |
@@ -60,6 +71,7 @@
 //! counter; the task keeps serving everyone else.
 
 mod actor;
+mod admission;
 mod auth;
 mod bandwidth;
 mod behaviour;
@@ -67,13 +79,18 @@ pub mod bench;
 mod bootstrap;
 mod config;
 mod control;
+mod disclosure;
 pub mod driver;
 mod error;
 pub mod exchange;
+mod gate;
+mod gossip_heartbeats;
 mod handle;
+mod heartbeat_freshness;
 mod identity;
 mod invites;
 mod metrics;
+mod partial_frames;
 mod rate_limit;
 mod swarm_events;
 mod tensor_inbound;
@@ -105,6 +122,7 @@ use auth::Authorizer;
 use behaviour::MurmurBehaviour;
 use bootstrap::BootstrapDials;
 use config::ValidConfig;
+use heartbeat_freshness::HeartbeatFreshness;
 use invites::VerifiedInvites;
 use rate_limit::RateLimiter;
 use tensor_stream::StreamContext;
@@ -167,7 +185,9 @@ pub async fn spawn(
         raw.quic_stream_receive_window,
         raw.quic_connection_receive_window,
     );
-    let behaviour = MurmurBehaviour::new(identity.libp2p(), &config)?;
+    let metrics = Arc::new(NetMetrics::default());
+    let handshake_timeout = ValidConfig::ms(raw.handshake_timeout_ms);
+    let behaviour = MurmurBehaviour::new(identity.libp2p(), &config, Arc::clone(&metrics))?;
     let mut swarm = SwarmBuilder::with_existing_identity(identity.libp2p().clone())
         .with_tokio()
         .with_tcp(
@@ -178,13 +198,16 @@ pub async fn spawn(
         .map_err(|e| NetError::Transport(e.to_string()))?
         .with_quic_config(|mut quic| {
             quic.max_concurrent_stream_limit = max_streams;
-            quic.handshake_timeout = Duration::from_secs(5);
+            quic.handshake_timeout = handshake_timeout;
             (quic.max_stream_data, quic.max_connection_data) = windows;
             quic
         })
         .with_behaviour(|_| behaviour)
         .map_err(|e| NetError::Transport(e.to_string()))?
         .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
+        // The deadline of every transport upgrade (TCP's noise and yamux included; libp2p's
+        // default is 10 s): a socket that never finishes its handshake frees its slot then.
+        .with_connection_timeout(handshake_timeout)
         .build();
 
     // Outbound tensor streams only: inbound ones come through `TensorInbound`.
@@ -206,10 +229,12 @@ pub async fn spawn(
     let (streams_tx, streams_rx) = mpsc::channel(raw.inbound_stream_capacity);
     let (control_tx, control_rx) = mpsc::channel(raw.control_capacity);
     let ctx = StreamContext {
-        metrics: Arc::new(NetMetrics::default()),
+        metrics,
         bandwidth: Arc::new(BandwidthEstimator::default()),
         frame_limits: config.frame_limits,
         read_timeout: ValidConfig::ms(raw.tensor_read_timeout_ms),
+        frame_timeout: ValidConfig::ms(raw.frame_timeout_ms),
+        partial_budget: raw.max_partial_frame_bytes_per_peer,
         write_timeout: ValidConfig::ms(raw.tensor_write_timeout_ms),
         upload: RateLimiter::new(raw.max_upload_bytes_per_s).map(Arc::new),
         download: RateLimiter::new(raw.max_download_bytes_per_s).map(Arc::new),
@@ -233,6 +258,12 @@ pub async fn spawn(
         anonymous_dials: HashSet::new(),
         bootstrap: BootstrapDials::new(&config.bootstrap),
         invites: VerifiedInvites::new(
+            usize::try_from(raw.max_connections)
+                .unwrap_or(usize::MAX)
+                .saturating_mul(VERIFIED_INVITES_PER_CONNECTION),
+        ),
+        freshness: HeartbeatFreshness::new(
+            raw.max_heartbeat_age_ms,
             usize::try_from(raw.max_connections)
                 .unwrap_or(usize::MAX)
                 .saturating_mul(VERIFIED_INVITES_PER_CONNECTION),

@@ -1,32 +1,24 @@
 //! How the network task reacts to what the swarm reports: connections, the auth exchange,
 //! identify, discovery and gossip.
 
-use std::time::{Duration, Instant};
-
 use libp2p::core::ConnectedPoint;
 use libp2p::request_response::{self, OutboundFailure};
 use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::{ConnectionId, SwarmEvent};
 use libp2p::{gossipsub, identify, kad, mdns};
-use murmur_protocol::identity::{PayloadType, PeerId, SignedEnvelope};
-use murmur_protocol::message::HeartbeatBody;
-use thiserror::Error;
+use murmur_protocol::identity::PeerId;
 
 use super::NetEvent;
 use super::actor::{NetActor, PeerState, Refusal, for_peer};
-use super::auth::reject_frame;
+use super::auth::{AuthFailure, reject_frame};
 use super::behaviour::MurmurBehaviourEvent;
 use super::control::ControlFrame;
 use super::error::NetError;
 use super::handle::{InboundControl, unix_now};
-use super::identity::{from_libp2p, to_libp2p};
-use super::invites::SignerRefusal;
+use super::identity::from_libp2p;
 use super::tensor_inbound::TensorInboundEvent;
 
 type ControlEvent = request_response::Event<ControlFrame, ControlFrame>;
-
-/// At most one warning per this long about refused gossip; the rest go to debug.
-const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(30);
 
 impl NetActor {
     pub(crate) fn on_swarm_event(&mut self, event: SwarmEvent<MurmurBehaviourEvent>) {
@@ -92,6 +84,7 @@ impl NetActor {
                 }
             }
             SwarmEvent::IncomingConnectionError { error, .. } => {
+                super::admission::count_incoming_failure(&self.ctx.metrics, &error);
                 tracing::debug!(%error, "incoming connection failed");
             }
             SwarmEvent::Behaviour(event) => self.on_behaviour_event(event),
@@ -120,9 +113,7 @@ impl NetActor {
             );
             return;
         }
-        if state.hello_request.is_none() && !state.accepted_us {
-            self.send_hello(peer);
-        }
+        self.disclose_on_connection(peer, connection, endpoint.is_dialer());
         self.add_to_dht(&peer);
     }
 
@@ -214,8 +205,12 @@ impl NetActor {
                     match error {
                         // The connection it went out on is gone: ask again on another one
                         // if the peer is still connected (otherwise its state is gone too).
+                        // (Before the peer proved its invite, the hello goes on the connections
+                        // this side dialed only: see the `disclosure` module.)
                         OutboundFailure::ConnectionClosed | OutboundFailure::DialFailure => {
-                            if self.swarm.is_connected(&peer) {
+                            let admitted =
+                                self.peers.get(&peer).is_some_and(|s| s.admitted.is_some());
+                            if admitted && self.swarm.is_connected(&peer) {
                                 self.send_hello(peer);
                             }
                         }
@@ -226,7 +221,7 @@ impl NetActor {
                         ),
                         other => self.refuse(
                             &peer,
-                            Refusal::Rejected,
+                            Refusal::Failed,
                             format!("auth exchange failed: {other}"),
                         ),
                     }
@@ -359,7 +354,7 @@ impl NetActor {
 
     /// The peer's answer to our hello: its own hello (it accepted us) or a refusal.
     /// Sends our invite to `peer` and remembers the request, so its answer is recognised.
-    fn send_hello(&mut self, peer: libp2p::PeerId) {
+    pub(crate) fn send_hello(&mut self, peer: libp2p::PeerId) {
         let hello = self.authorizer.hello();
         let request = self
             .swarm
@@ -384,7 +379,13 @@ impl NetActor {
                 state.accepted_us = true;
                 self.admit(peer, id, admitted);
             }
-            Err(failure) => self.refuse(&peer, Refusal::Rejected, failure.to_string()),
+            Err(failure) => {
+                let kind = match failure {
+                    AuthFailure::Refused { .. } => Refusal::Failed,
+                    _ => Refusal::Rejected,
+                };
+                self.refuse(&peer, kind, failure.to_string());
+            }
         }
     }
 
@@ -405,160 +406,9 @@ impl NetActor {
                 invite_expires_at: admitted.expires_at,
             });
             self.add_to_dht(&peer);
+            self.disclose_to_admitted(peer);
         }
         self.wake_if_ready(&peer);
-    }
-
-    /// Judges a gossip message and tells gossipsub whether to relay it. A heartbeat is
-    /// accepted, relayed and reported as [`NetEvent::Heartbeat`] only if it passes
-    /// [`check_heartbeat`](Self::check_heartbeat); anything else is counted and logged
-    /// (at warn at most once per [`REFUSAL_WARN_EVERY`], at debug in between, so a flood
-    /// does not flood the log).
-    fn on_gossip(
-        &mut self,
-        source: libp2p::PeerId,
-        message_id: gossipsub::MessageId,
-        message: gossipsub::Message,
-    ) {
-        let verdict = self.check_heartbeat(&source, &message);
-        let acceptance = match verdict {
-            Ok((peer, body)) => {
-                self.ctx.metrics.heartbeat_received();
-                let _ = self.events.send(NetEvent::Heartbeat { peer, body });
-                gossipsub::MessageAcceptance::Accept
-            }
-            Err(refusal) => {
-                self.ctx.metrics.gossip_rejected();
-                if matches!(refusal, GossipRefusal::UninvitedSigner { .. }) {
-                    self.ctx.metrics.heartbeat_refused_uninvited_signer();
-                }
-                self.log_gossip_refusal(&source, &refusal);
-                refusal.acceptance()
-            }
-        };
-        self.swarm
-            .behaviour_mut()
-            .gossipsub
-            .report_message_validation_result(&message_id, &source, acceptance);
-    }
-
-    /// A heartbeat counts when, in this order:
-    ///
-    /// 1. the peer that forwarded it (gossipsub's propagation source) is admitted;
-    /// 2. it is on the heartbeat topic, its envelope verifies, and its signer is the author
-    ///    gossipsub names (whose signature gossipsub's strict mode checked);
-    /// 3. its signer is not this node, and holds an invite this node verified in an auth
-    ///    hello and that has not run out
-    ///    ([`VerifiedInvites`](super::invites::VerifiedInvites)), whoever forwarded it: a
-    ///    member may relay, but cannot vouch for a key it invents;
-    /// 4. its body decodes.
-    ///
-    /// A signer still connected and admitted counts by its connection state, so the record
-    /// of verified invites evicting it at capacity does not silence it.
-    fn check_heartbeat(
-        &self,
-        source: &libp2p::PeerId,
-        message: &gossipsub::Message,
-    ) -> Result<(PeerId, HeartbeatBody), GossipRefusal> {
-        let forwarder_admitted = self
-            .peers
-            .get(source)
-            .is_some_and(|s| s.admitted.is_some() && s.refused_at.is_none());
-        if !forwarder_admitted {
-            return Err(GossipRefusal::UnauthorizedForwarder);
-        }
-        if message.topic != self.topic {
-            return Err(GossipRefusal::Invalid(format!(
-                "unexpected topic {}",
-                message.topic
-            )));
-        }
-        let envelope = SignedEnvelope::decode(&message.data)
-            .map_err(|e| GossipRefusal::Invalid(e.to_string()))?;
-        let (signer, payload) = envelope
-            .open(PayloadType::HEARTBEAT)
-            .map_err(|e| GossipRefusal::Invalid(e.to_string()))?;
-        let signer_libp2p = to_libp2p(&signer);
-        if message.source != Some(signer_libp2p) {
-            return Err(GossipRefusal::Invalid(format!(
-                "heartbeat signed by {signer} but published by {:?}",
-                message.source
-            )));
-        }
-        if signer_libp2p == *self.swarm.local_peer_id() {
-            return Err(GossipRefusal::Invalid(
-                "heartbeat signed with this node's own key".to_owned(),
-            ));
-        }
-        let now = unix_now();
-        let connected_and_admitted = self.peers.get(&signer_libp2p).is_some_and(|s| {
-            s.refused_at.is_none() && s.admitted.is_some_and(|a| a.expires_at > now)
-        });
-        if !connected_and_admitted {
-            self.invites
-                .check(&signer, now)
-                .map_err(|why| GossipRefusal::UninvitedSigner { signer, why })?;
-        }
-        let body =
-            HeartbeatBody::decode(payload).map_err(|e| GossipRefusal::Invalid(e.to_string()))?;
-        Ok((signer, body))
-    }
-
-    /// Logs a refused gossip message: at warn the first time and then at most once per
-    /// [`REFUSAL_WARN_EVERY`] (with how many went by at debug meanwhile), at debug otherwise.
-    fn log_gossip_refusal(&mut self, source: &libp2p::PeerId, refusal: &GossipRefusal) {
-        let now = Instant::now();
-        let due = self
-            .gossip_refusals_warned_at
-            .is_none_or(|at| now.duration_since(at) >= REFUSAL_WARN_EVERY);
-        if due {
-            let since = std::mem::take(&mut self.gossip_refusals_unwarned);
-            self.gossip_refusals_warned_at = Some(now);
-            tracing::warn!(
-                %source,
-                reason = %refusal,
-                logged_at_debug_since = since,
-                "gossip message rejected"
-            );
-        } else {
-            self.gossip_refusals_unwarned += 1;
-            tracing::debug!(%source, reason = %refusal, "gossip message rejected");
-        }
-    }
-}
-
-/// Why a gossip message was not taken as a heartbeat.
-#[derive(Debug, Error)]
-pub(crate) enum GossipRefusal {
-    /// The peer that forwarded it has not proved its invite to this node.
-    #[error("forwarded by a peer that is not authorized")]
-    UnauthorizedForwarder,
-    /// Not on the heartbeat topic, or not a well-formed heartbeat signed by its author.
-    #[error("{0}")]
-    Invalid(String),
-    /// Well formed and signed, but its signer holds no invite this node verified and that
-    /// is still valid ([`VerifiedInvites`](super::invites::VerifiedInvites)).
-    #[error("heartbeat signed by {signer}: {why}")]
-    UninvitedSigner {
-        /// The key that signed it.
-        signer: PeerId,
-        /// What the record of verified invites said.
-        why: SignerRefusal,
-    },
-}
-
-impl GossipRefusal {
-    /// What gossipsub is told. A message that is invalid, or forwarded by a peer that is not
-    /// authorized, is rejected: the forwarder sent something no honest member sends. A
-    /// heartbeat of a signer this node has not verified is ignored: it is not relayed from
-    /// here either, but the forwarder may have verified an invite this node never saw.
-    fn acceptance(&self) -> gossipsub::MessageAcceptance {
-        match self {
-            GossipRefusal::UninvitedSigner { .. } => gossipsub::MessageAcceptance::Ignore,
-            GossipRefusal::UnauthorizedForwarder | GossipRefusal::Invalid(_) => {
-                gossipsub::MessageAcceptance::Reject
-            }
-        }
     }
 }
 

@@ -8,7 +8,12 @@
 //! A [`TensorStreamReader`] reads into a fixed buffer. A frame that lies whole in it is
 //! checked and read in place; the others go through a [`FrameDecoder`], which checks every
 //! header against the frame limits before it reserves room for the payload.
-//! Every read waits at most `net.tensor_read_timeout_ms`. Bytes that are not a valid frame
+//! Every read waits at most `net.tensor_read_timeout_ms`, and each frame must arrive whole
+//! within `net.frame_timeout_ms` of its first byte, so a sender trickling a byte now and
+//! then cannot keep a stream (and the frame it holds) forever. The decoder's buffer counts
+//! against the peer's `net.max_partial_frame_bytes_per_peer`
+//! ([`PartialFrameBudget`](super::partial_frames::PartialFrameBudget)), and is let go
+//! between frames. Bytes that are not a valid frame
 //! or message end the stream: the reader sends a [`Reject`] saying why, closes the stream,
 //! logs the reason, counts it in [`NetMetrics`], and returns the error. Other streams and
 //! peers are not affected.
@@ -30,6 +35,7 @@ use super::auth::truncate_utf8;
 use super::bandwidth::{BandwidthEstimator, Direction};
 use super::error::NetError;
 use super::metrics::{NetMetrics, PeerTraffic};
+use super::partial_frames::{OverBudget, PartialFrameBudget};
 use super::rate_limit::RateLimiter;
 
 /// Bytes read from the stream at a time.
@@ -44,6 +50,10 @@ pub(crate) struct StreamContext {
     pub(crate) bandwidth: Arc<BandwidthEstimator>,
     pub(crate) frame_limits: FrameLimits,
     pub(crate) read_timeout: Duration,
+    /// `net.frame_timeout_ms`: from a frame's first byte to its last.
+    pub(crate) frame_timeout: Duration,
+    /// `net.max_partial_frame_bytes_per_peer`.
+    pub(crate) partial_budget: u64,
     pub(crate) write_timeout: Duration,
     /// The volunteer's upload cap, shared by every stream; `None` = uncapped.
     pub(crate) upload: Option<Arc<RateLimiter>>,
@@ -265,6 +275,9 @@ pub struct TensorStreamReader {
     /// The peer closed its side; bytes not yet taken may remain in the buffer.
     eof: bool,
     done: bool,
+    /// When the first byte of the frame now arriving came; `None` between frames.
+    frame_started: Option<Instant>,
+    budget: PartialFrameBudget,
     _slot: StreamSlot,
 }
 
@@ -274,6 +287,7 @@ impl TensorStreamReader {
         stream: libp2p::Stream,
         ctx: StreamContext,
         slot: StreamSlot,
+        budget: PartialFrameBudget,
     ) -> Self {
         TensorStreamReader {
             peer,
@@ -287,6 +301,8 @@ impl TensorStreamReader {
             bytes: 0,
             eof: false,
             done: false,
+            frame_started: None,
+            budget,
             _slot: slot,
         }
     }
@@ -312,6 +328,7 @@ impl TensorStreamReader {
         &mut self,
         on_message: impl FnOnce(Message<'_>) -> R,
     ) -> Result<Option<R>, NetError> {
+        self.between_frames();
         loop {
             if self.done {
                 return Ok(None);
@@ -349,7 +366,15 @@ impl TensorStreamReader {
             let decoded = self.decoder.decode(&mut input);
             self.start += before - input.len();
             let failure = match decoded {
-                Ok(None) => continue,
+                Ok(None) => {
+                    // A frame is partly here: what the decoder holds for it is charged.
+                    let held = self.decoder.buffer_capacity() as u64;
+                    if let Err(over) = self.budget.set(held) {
+                        self.ctx.metrics.tensor_stream_over_partial_budget();
+                        return Err(self.refuse(Failure::Budget(over)).await);
+                    }
+                    continue;
+                }
                 Ok(Some(frame)) => match Message::from_frame(&frame) {
                     Ok(message) => return Ok(Some(on_message(message))),
                     Err(e) => Failure::Message(e),
@@ -357,6 +382,49 @@ impl TensorStreamReader {
                 Err(e) => Failure::Frame(e),
             };
             return Err(self.refuse(failure).await);
+        }
+    }
+
+    /// After a frame: the next one's deadline starts with its first byte, and a decoder
+    /// grown for a large frame lets its buffer go (and its charge to the peer's budget).
+    fn between_frames(&mut self) {
+        if self.decoder.pending_len() > 0 {
+            return;
+        }
+        self.frame_started = None;
+        if !self.decoder.is_ended() && self.decoder.buffer_capacity() > READ_CHUNK {
+            self.decoder = FrameDecoder::new(self.ctx.frame_limits);
+            // Giving back never fails.
+            let _ = self.budget.set(0);
+        }
+    }
+
+    /// How long the next read may wait: the read timeout, or less if the frame partly here
+    /// must be whole sooner. `Err` once the frame's deadline has passed.
+    fn read_wait(&mut self) -> Result<(Duration, bool), NetError> {
+        let partial = self.start < self.end || self.decoder.pending_len() > 0;
+        if !partial {
+            return Ok((self.ctx.read_timeout, false));
+        }
+        let started = *self.frame_started.get_or_insert_with(Instant::now);
+        let left = (started + self.ctx.frame_timeout).saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.frame_too_slow());
+        }
+        Ok(if left < self.ctx.read_timeout {
+            (left, true)
+        } else {
+            (self.ctx.read_timeout, false)
+        })
+    }
+
+    fn frame_too_slow(&mut self) -> NetError {
+        self.done = true;
+        self.ctx.metrics.tensor_frame_timed_out();
+        tracing::warn!(peer = %self.peer, "closing tensor stream: a frame did not arrive whole in time");
+        NetError::Timeout {
+            what: "a whole tensor frame (the sender is trickling it)",
+            after: self.ctx.frame_timeout,
         }
     }
 
@@ -370,8 +438,10 @@ impl TensorStreamReader {
             self.buf.copy_within(self.start..self.end, 0);
             (self.start, self.end) = (0, self.end - self.start);
         }
+        let (wait, frame_deadline) = self.read_wait()?;
         let read = self.stream.read(&mut self.buf[self.end..]);
-        let n = match tokio::time::timeout(self.ctx.read_timeout, read).await {
+        let n = match tokio::time::timeout(wait, read).await {
+            Err(_) if frame_deadline => return Err(self.frame_too_slow()),
             Err(_) => {
                 self.done = true;
                 return Err(NetError::Timeout {
@@ -415,7 +485,9 @@ impl TensorStreamReader {
     /// logs and counts it, and returns the error for the caller.
     async fn refuse(&mut self, failure: Failure) -> NetError {
         self.done = true;
-        self.ctx.metrics.bad_frame();
+        if !matches!(failure, Failure::Budget(_)) {
+            self.ctx.metrics.bad_frame();
+        }
         let (code, error) = match failure {
             Failure::Frame(source) => (
                 RejectCode::BadFrame,
@@ -429,6 +501,14 @@ impl TensorStreamReader {
                 NetError::BadMessage {
                     peer: self.peer,
                     source,
+                },
+            ),
+            Failure::Budget(over) => (
+                RejectCode::Busy,
+                NetError::PartialFrameBudget {
+                    peer: self.peer,
+                    held: over.held,
+                    limit: over.limit,
                 },
             ),
         };
@@ -477,4 +557,5 @@ impl std::fmt::Debug for TensorStreamReader {
 enum Failure {
     Frame(FrameError),
     Message(MessageError),
+    Budget(OverBudget),
 }

@@ -18,6 +18,14 @@ pub fn now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Milliseconds since the Unix epoch: a fresh heartbeat's timestamp.
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 /// Which invite a test peer presents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InviteKind {
