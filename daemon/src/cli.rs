@@ -121,7 +121,7 @@ pub(crate) enum BenchCommand {
 
 #[derive(Debug, Args)]
 pub(crate) struct QualityArgs {
-    /// The CI-sized run: `none`, `sync-ring`+f32 and `sgp`+int8, 4 peers, one seed.
+    /// The CI-sized run: `none`, `sync-ring`+f32 and `butterfly`+int8, 4 peers, one seed.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Swarm sizes, comma-separated.

@@ -38,11 +38,14 @@ const MATRIX: [(AveragingMode, &str); 6] = [
     (AveragingMode::LocalSgd, "int8:64"),
 ];
 
-/// `--quick`: the control, the reference and SGP with int8, four peers, one seed.
+/// `--quick`: the control, the reference and butterfly with int8, four peers, one seed.
+/// Butterfly's bar (0.95) sits furthest from what one seed's noise can reach; SGP's
+/// (0.90) is within a few hundredths of its measured closure, so a CI run of it alone
+/// would fail on noise.
 const QUICK: [(AveragingMode, &str); 3] = [
     (AveragingMode::Solo, "f32"),
     (AveragingMode::SyncRing, "f32"),
-    (AveragingMode::Sgp, "int8:64"),
+    (AveragingMode::Butterfly, "int8:64"),
 ];
 
 /// One run of the matrix.
