@@ -139,6 +139,18 @@ impl ConfigFile {
             dir: self.resolve(&config.checkpoint.dir),
             ..config.checkpoint.clone()
         };
+        // Here rather than at the first checkpoint: a run must not train for hours and then
+        // find that its state has nowhere to go.
+        crate::checkpoint::check_writable(&checkpoint.dir).map_err(|reason| {
+            at.invalid(
+                "checkpoint.dir",
+                "\"checkpoints\"",
+                format!(
+                    "{}: {reason}; point it at a folder this user can create files in",
+                    checkpoint.dir.display()
+                ),
+            )
+        })?;
         Ok(LoadedConfig {
             path: self.path.clone(),
             keypair,

@@ -28,6 +28,7 @@
 //! | `murmur_paused` | gauge | | 1 while training is paused (SIGUSR1 or `POST /pause`), else 0 |
 //! | `murmur_checkpoint_writes_total` | counter | | checkpoints written |
 //! | `murmur_checkpoint_failures_total` | counter | | checkpoints that could not be written (training goes on) |
+//! | `murmur_checkpoint_corrupt_total` | counter | | checkpoint files that failed their check and were moved aside to `<name>.corrupt` |
 //! | `murmur_training_step` | gauge | | optimizer step this peer is at |
 //! | `murmur_training_samples_total` | counter | | samples trained on since the daemon started |
 //! | `murmur_training_loss` | gauge | | training loss of the last step |

@@ -152,6 +152,8 @@ pub(crate) struct PeerSettings {
     pub(crate) eval_every_steps: u64,
     /// `[training] min_peers`.
     pub(crate) min_peers: usize,
+    /// `[training] synthetic_step_ms`: every step padded to at least this (0 = off).
+    pub(crate) synthetic_step_ms: u64,
     /// `[training] export`, relative to the peer's folder.
     pub(crate) export: Option<String>,
     /// `[training] device`.
@@ -180,6 +182,7 @@ impl Default for PeerSettings {
             steps: 0,
             eval_every_steps: 10,
             min_peers: 0,
+            synthetic_step_ms: 0,
             export: None,
             device: "cpu".to_owned(),
             share_timeout_ms: 2_000,
@@ -288,7 +291,7 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
          mdns = false\n\n\
          [volunteer]\ncpu_threads = 1\n\n\
          [training]\nsteps = {steps}\neval_every_steps = {eval}\nmin_peers = {min_peers}\n\
-         start_timeout_ms = 30000\ndevice = {device}\n",
+         start_timeout_ms = 30000\ndevice = {device}\nsynthetic_step_ms = {synthetic}\n",
         id = quoted(SWARM_ID),
         device = quoted(&s.device),
         authority = quoted(authority),
@@ -296,6 +299,7 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         steps = s.steps,
         eval = s.eval_every_steps,
         min_peers = s.min_peers,
+        synthetic = s.synthetic_step_ms,
     );
     if let Some(export) = &s.export {
         let _ = writeln!(t, "export = {}", quoted(export));
