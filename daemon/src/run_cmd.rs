@@ -58,5 +58,6 @@ fn settings(
         progress,
         status_lines,
         metrics_listen: c.metrics_listen,
+        metrics_control_token: c.metrics_control_token,
     }
 }

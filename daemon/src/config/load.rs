@@ -12,7 +12,10 @@ use murmur_protocol::identity::{Invite, Keypair, MAX_INVITE_LEN};
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::DataSource;
 
+use crate::observe::ControlToken;
+
 use super::error::ConfigError;
+use super::files::read_secret;
 use super::locate::{Document, line_col};
 use super::schema::{AveragingSection, CheckpointSection, Config};
 use super::validate::{Checked, Locator, check};
@@ -151,6 +154,18 @@ impl ConfigFile {
                 ),
             )
         })?;
+        let metrics_control_token = match &config.metrics.control_token_file {
+            None => None,
+            Some(file) => {
+                let file = self.resolve(file);
+                let token = read_secret(&file, 4096).and_then(|bytes| {
+                    let text = String::from_utf8(bytes)
+                        .map_err(|_| format!("{} is not UTF-8 text", file.display()))?;
+                    ControlToken::new(&text).map_err(|e| format!("{}: {e}", file.display()))
+                });
+                Some(token.map_err(|reason| at.invalid("metrics.control_token_file", "", reason))?)
+            }
+        };
         Ok(LoadedConfig {
             path: self.path.clone(),
             keypair,
@@ -166,6 +181,7 @@ impl ConfigFile {
             averaging,
             checkpoint,
             metrics_listen: *metrics_listen,
+            metrics_control_token,
             log: config.log.clone(),
         })
     }

@@ -12,6 +12,7 @@
 //! them all with their defaults.
 
 mod error;
+mod files;
 mod load;
 mod locate;
 pub(crate) mod schema;
@@ -77,6 +78,9 @@ pub(crate) struct LoadedConfig {
     pub(crate) checkpoint: CheckpointSection,
     /// `metrics.listen`; `None` = no HTTP endpoint.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// The token of `metrics.control_token_file`, which lets non-loopback clients pause
+    /// and resume; `None` = loopback only.
+    pub(crate) metrics_control_token: Option<crate::observe::ControlToken>,
     /// `[log]`.
     pub(crate) log: LogSection,
 }

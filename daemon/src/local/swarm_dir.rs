@@ -274,6 +274,7 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
         },
         metrics: MetricsSection {
             listen: Some("127.0.0.1:0".to_owned()),
+            control_token_file: None,
         },
         log: LogSection::default(),
     }

@@ -97,6 +97,7 @@
 
 mod averaging;
 mod busy;
+mod control;
 mod daemon;
 mod gpu;
 mod http;
@@ -110,6 +111,7 @@ mod stragglers;
 mod training;
 
 pub(crate) use averaging::{Refusal, RoundOutcome, RoundSummary};
+pub(crate) use control::ControlToken;
 pub(crate) use http::{HttpLimits, serve};
 pub(crate) use logging::{LogFormat, init_logging};
 pub(crate) use registry::{Metrics, MetricsOptions};

@@ -145,6 +145,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
             let server = observe::serve(
                 addr,
                 HttpLimits::default(),
+                settings.metrics_control_token.clone(),
                 metrics.clone(),
                 board.clone(),
                 shutdown,

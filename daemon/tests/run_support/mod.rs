@@ -173,6 +173,10 @@ pub(crate) struct PeerSettings {
     /// Serve `/metrics`, `/status` and `/healthz` on a free loopback port (its address is
     /// in the `ready` line).
     pub(crate) metrics: bool,
+    /// With `metrics`: `[metrics] listen` instead of `127.0.0.1:0`.
+    pub(crate) metrics_listen: Option<String>,
+    /// With `metrics`: `[metrics] control_token_file`, relative to the peer's folder.
+    pub(crate) control_token_file: Option<String>,
 }
 
 impl Default for PeerSettings {
@@ -192,6 +196,8 @@ impl Default for PeerSettings {
             codec: None,
             heartbeat_interval_ms: 500,
             metrics: false,
+            metrics_listen: None,
+            control_token_file: None,
         }
     }
 }
@@ -323,7 +329,11 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         keep = s.checkpoint_keep,
     );
     if s.metrics {
-        let _ = write!(t, "\n[metrics]\nlisten = \"127.0.0.1:0\"\n");
+        let listen = s.metrics_listen.as_deref().unwrap_or("127.0.0.1:0");
+        let _ = write!(t, "\n[metrics]\nlisten = {}\n", quoted(listen));
+        if let Some(file) = &s.control_token_file {
+            let _ = writeln!(t, "control_token_file = {}", quoted(file));
+        }
     }
     t
 }
