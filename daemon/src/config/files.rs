@@ -27,6 +27,21 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
+/// Checks that `path` is an existing regular file (following links); the error says what
+/// it is instead.
+pub(crate) fn check_regular(path: &Path) -> Result<(), String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if meta.is_file() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is {}; a regular file is needed",
+            path.display(),
+            kind_of(&meta)
+        ))
+    }
+}
+
 /// Opens the regular file `path` for reading without blocking on it.
 fn open_regular(path: &Path) -> Result<File, String> {
     let file = OpenOptions::new()
@@ -92,6 +107,7 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
         let error = read_regular(&fifo, 100).unwrap_err();
         assert!(error.contains("is a FIFO"), "{error}");
+        assert!(check_regular(&fifo).unwrap_err().contains("is a FIFO"));
         let error = read_regular(Path::new("/dev/zero"), 100).unwrap_err();
         assert!(error.contains("is a device"), "{error}");
         let error = read_regular(dir.path(), 100).unwrap_err();
