@@ -48,11 +48,13 @@ fn checkpoint_file(dir: &PeerDir, step: u64) -> (PathBuf, PathBuf) {
     )
 }
 
-/// The file names in the checkpoint folder, sorted.
+/// The file names in the checkpoint folder, sorted, but the run's lock file (`murmur.lock`,
+/// held in the checkpoint folder so that one folder has one run).
 fn checkpoint_names(dir: &PeerDir) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir.checkpoint_dir())
         .expect("the checkpoint folder exists")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name != "murmur.lock")
         .collect();
     names.sort();
     names
