@@ -3,11 +3,19 @@
 //! A checkpoint is a [`Snapshot`] in a file named `ckpt-<step>.snap`. Writing goes to a
 //! temporary file in the same folder, which is synced and then renamed over the final
 //! name, and the folder is synced, so a crash at any moment leaves either the old set of
-//! checkpoints or the new one, never a half-written file under a final name. Loading takes
-//! the newest checkpoint that passes its digest check and reports every one it skipped.
+//! checkpoints or the new one, never a half-written file under a final name. Files are
+//! created with mode 0600: they hold the model and its optimizer state. Loading takes the
+//! newest checkpoint that passes its digest check and reports every one it skipped.
+//!
+//! Retention (`checkpoint.keep`) counts valid checkpoints only. After a write, the file
+//! just written always stays; files of later steps (left by an earlier run) are always
+//! checked, and older files newest first until `keep` valid ones are counted, and each one that fails its check is moved aside to `<name>.corrupt` (kept
+//! for inspection, never loaded, never counted) rather than standing in for a valid one.
+//! Files older than the `keep` newest valid ones are removed.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -17,6 +25,12 @@ use thiserror::Error;
 const PREFIX: &str = "ckpt-";
 const SUFFIX: &str = ".snap";
 const TEMP_SUFFIX: &str = ".snap.tmp";
+/// Appended to the name of a checkpoint that failed its check when it is moved aside.
+pub(crate) const CORRUPT_SUFFIX: &str = ".corrupt";
+/// The file [`check_writable`] creates and removes to prove the folder takes new files.
+const PROBE_NAME: &str = ".murmur-write-check";
+/// Checkpoint files hold the model and optimizer state: readable by their owner only.
+const FILE_MODE: u32 = 0o600;
 
 /// Crash injection for the crash-recovery tests, read once from the environment and inert
 /// unless set:
@@ -101,6 +115,26 @@ pub(crate) struct SkippedCheckpoint {
     pub(crate) reason: String,
 }
 
+/// A checkpoint that failed its check and was moved out of the way.
+#[derive(Debug)]
+pub(crate) struct SetAside {
+    /// Where it was.
+    pub(crate) from: PathBuf,
+    /// Where it is now (`from` with [`CORRUPT_SUFFIX`]).
+    pub(crate) to: PathBuf,
+    /// Why it failed its check.
+    pub(crate) reason: String,
+}
+
+/// What a write did: the new file, and the corrupt ones it moved aside while pruning.
+#[derive(Debug)]
+pub(crate) struct Written {
+    /// The checkpoint just written.
+    pub(crate) path: PathBuf,
+    /// Older files that failed their check, moved aside instead of counting toward `keep`.
+    pub(crate) set_aside: Vec<SetAside>,
+}
+
 /// What loading found: the newest usable checkpoint, and the newer ones that were not.
 #[derive(Debug)]
 pub(crate) struct LatestCheckpoint {
@@ -132,9 +166,9 @@ impl CheckpointStore {
         })
     }
 
-    /// Writes `snapshot` as the checkpoint for its step and prunes old ones; returns the
-    /// file's path.
-    pub(crate) fn write(&self, snapshot: &Snapshot) -> Result<PathBuf, CheckpointError> {
+    /// Writes `snapshot` as the checkpoint for its step and prunes old ones (see the module
+    /// docs): returns the new file's path and the corrupt files moved aside.
+    pub(crate) fn write(&self, snapshot: &Snapshot) -> Result<Written, CheckpointError> {
         let bytes = snapshot.encode(3).map_err(CheckpointError::Encode)?;
         let name = format!("{PREFIX}{:020}{SUFFIX}", snapshot.step);
         let path = self.dir.join(&name);
@@ -149,7 +183,19 @@ impl CheckpointStore {
                 source,
             }
         };
-        let mut file = File::create(&temp).map_err(io("create", &temp))?;
+        // A leftover from a crash may have other permissions; the new file gets FILE_MODE.
+        match fs::remove_file(&temp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(io("remove stale", &temp)(e));
+            }
+            _ => {}
+        }
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(FILE_MODE)
+            .open(&temp)
+            .map_err(io("create", &temp))?;
         if let Some(written) = Fault::injected().and_then(|f| f.cut(snapshot.step, &bytes)) {
             // Injected crash (see FAULT_VAR): what a power cut at this moment leaves.
             file.write_all(written).map_err(io("write", &temp))?;
@@ -163,8 +209,32 @@ impl CheckpointStore {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(io("sync folder", &self.dir))?;
-        self.prune()?;
-        Ok(path)
+        let set_aside = self.prune(&path)?;
+        Ok(Written { path, set_aside })
+    }
+
+    /// Moves the checkpoint at `path`, which failed its check for `reason`, aside to
+    /// `<name>.corrupt`, where it is neither loaded nor counted toward `keep`.
+    pub(crate) fn set_aside(&self, path: &Path, reason: &str) -> Result<SetAside, CheckpointError> {
+        let mut to = path.as_os_str().to_owned();
+        to.push(CORRUPT_SUFFIX);
+        let to = PathBuf::from(to);
+        fs::rename(path, &to).map_err(|source| CheckpointError::Io {
+            action: "move aside",
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(SetAside {
+            from: path.to_owned(),
+            to,
+            reason: reason.to_owned(),
+        })
+    }
+
+    /// Reads and checks the checkpoint at `path`; the reason it cannot be used otherwise.
+    fn check(&self, path: &Path) -> Result<Snapshot, String> {
+        let bytes = fs::read(path).map_err(|e| e.to_string())?;
+        Snapshot::decode(&bytes, &self.limits).map_err(|e| e.to_string())
     }
 
     /// The newest checkpoint that decodes and passes its checks, with the newer ones that
@@ -172,12 +242,7 @@ impl CheckpointStore {
     pub(crate) fn latest_valid(&self) -> Result<LatestCheckpoint, CheckpointError> {
         let mut skipped = Vec::new();
         for path in self.list()?.into_iter().rev() {
-            let result = fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| {
-                    Snapshot::decode(&bytes, &self.limits).map_err(|e| e.to_string())
-                });
-            match result {
+            match self.check(&path) {
                 Ok(snapshot) => {
                     return Ok(LatestCheckpoint {
                         found: Some((path, snapshot)),
@@ -216,18 +281,71 @@ impl CheckpointStore {
         Ok(files)
     }
 
-    fn prune(&self) -> Result<(), CheckpointError> {
-        let files = self.list()?;
-        let excess = files.len().saturating_sub(self.keep);
-        for path in &files[..excess] {
-            fs::remove_file(path).map_err(|source| CheckpointError::Io {
+    /// Keeps `written` and the newest valid files up to `keep` in all, moving corrupt ones
+    /// aside and removing the rest. Files of later steps than `written` are read, then the
+    /// older ones until enough valid ones are counted; the rest are removed unread.
+    fn prune(&self, written: &Path) -> Result<Vec<SetAside>, CheckpointError> {
+        let written = written.to_owned();
+        let mut valid = 1;
+        let mut set_aside = Vec::new();
+        for path in self.list()?.into_iter().rev() {
+            if path == written {
+                continue;
+            }
+            // A file of a later step than the one written is never removed unread: it is
+            // either valid (and kept) or corrupt (and moved aside).
+            if valid < self.keep || path > written {
+                match self.check(&path) {
+                    Ok(_) => valid += 1,
+                    Err(reason) => set_aside.push(self.set_aside(&path, &reason)?),
+                }
+                continue;
+            }
+            fs::remove_file(&path).map_err(|source| CheckpointError::Io {
                 action: "remove old",
                 path: path.clone(),
                 source,
             })?;
         }
-        Ok(())
+        Ok(set_aside)
     }
+}
+
+/// Whether the checkpoint folder `dir` can take new files, without creating it: an
+/// existing `dir` must be a folder where a file can be created; a missing one needs its
+/// nearest existing ancestor to be such a folder (the run creates `dir` there). The error
+/// says what is wrong.
+pub(crate) fn check_writable(dir: &Path) -> Result<(), String> {
+    let mut folder = dir;
+    loop {
+        match fs::metadata(folder) {
+            Ok(meta) if meta.is_dir() => break,
+            Ok(_) => return Err(format!("{} is not a folder", folder.display())),
+            // Missing, or under a file: the nearest existing ancestor says which.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                folder = match folder.parent() {
+                    Some(parent) if !parent.as_os_str().is_empty() => parent,
+                    _ => Path::new("."),
+                };
+            }
+            Err(e) => return Err(format!("cannot inspect {}: {e}", folder.display())),
+        }
+    }
+    let probe = folder.join(format!("{PROBE_NAME}-{}", std::process::id()));
+    let created = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(FILE_MODE)
+        .open(&probe)
+        .and_then(|mut file| file.write_all(b"murmur"));
+    let _ = fs::remove_file(&probe);
+    created.map_err(|e| format!("cannot create a file in {}: {e}", folder.display()))
 }
 
 /// `murmur checkpoint show DIR`.
@@ -329,8 +447,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(dir.path(), 3).unwrap();
         store.write(&snapshot(1)).unwrap();
-        let second = store.write(&snapshot(2)).unwrap();
-        let third = store.write(&snapshot(3)).unwrap();
+        let second = store.write(&snapshot(2)).unwrap().path;
+        let third = store.write(&snapshot(3)).unwrap().path;
         // Torn: cut short. Corrupt: one byte flipped in the body.
         let bytes = fs::read(&third).unwrap();
         fs::write(&third, &bytes[..bytes.len() / 2]).unwrap();
@@ -392,6 +510,90 @@ mod tests {
         assert_eq!(torn.cut(20, &bytes), Some(&bytes[..3]));
         let whole = Fault::CrashBeforeRename { step: 20 };
         assert_eq!(whole.cut(30, &bytes), Some(&bytes[..]));
+    }
+
+    /// A file with a checkpoint's name that fails its check.
+    fn plant_corrupt(dir: &Path, step: u64) -> PathBuf {
+        let path = dir.join(format!("{PREFIX}{step:020}{SUFFIX}"));
+        fs::write(&path, b"not a checkpoint").unwrap();
+        path
+    }
+
+    #[test]
+    fn with_keep_1_a_corrupt_newest_file_never_displaces_new_checkpoints() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 1).unwrap();
+        let corrupt = plant_corrupt(dir.path(), 100);
+        let first = store.write(&snapshot(10)).unwrap();
+        assert_eq!(first.set_aside.len(), 1);
+        assert_eq!(first.set_aside[0].from, corrupt);
+        assert!(!corrupt.exists());
+        assert!(
+            first.set_aside[0]
+                .to
+                .ends_with("ckpt-00000000000000000100.snap.corrupt")
+        );
+        assert!(first.set_aside[0].to.is_file());
+        let second = store.write(&snapshot(20)).unwrap();
+        assert!(second.set_aside.is_empty());
+        assert_eq!(store.list().unwrap(), vec![second.path]);
+        let latest = store.latest_valid().unwrap();
+        assert_eq!(latest.found.unwrap().1.step, 20);
+        assert!(latest.skipped.is_empty());
+    }
+
+    #[test]
+    fn keep_counts_valid_checkpoints_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 2).unwrap();
+        store.write(&snapshot(10)).unwrap();
+        plant_corrupt(dir.path(), 20);
+        let written = store.write(&snapshot(30)).unwrap();
+        assert_eq!(written.set_aside.len(), 1, "{:?}", written.set_aside);
+        // 30 and the valid 10 are the two kept, the corrupt 20 counts for nothing.
+        let steps: Vec<u64> = store
+            .list()
+            .unwrap()
+            .iter()
+            .map(|p| store.check(p).unwrap().step)
+            .collect();
+        assert_eq!(steps, vec![10, 30]);
+    }
+
+    #[test]
+    fn checkpoint_files_are_readable_by_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        // A stale temporary file with wider permissions does not pass them on.
+        let stale = dir.path().join(format!("{PREFIX}{:020}{TEMP_SUFFIX}", 7));
+        fs::write(&stale, b"stale").unwrap();
+        fs::set_permissions(&stale, fs::Permissions::from_mode(0o644)).unwrap();
+        let written = store.write(&snapshot(7)).unwrap();
+        let mode = fs::metadata(&written.path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "mode {mode:o}");
+    }
+
+    #[test]
+    fn a_checkpoint_folder_that_cannot_take_files_is_refused_without_creating_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("a/b/checkpoints");
+        check_writable(&missing).unwrap();
+        assert!(!dir.path().join("a").exists(), "the check created folders");
+        let file = dir.path().join("file");
+        fs::write(&file, b"x").unwrap();
+        let error = check_writable(&file).unwrap_err();
+        assert!(error.contains("is not a folder"), "{error}");
+        let error = check_writable(&file.join("checkpoints")).unwrap_err();
+        assert!(error.contains("is not a folder"), "{error}");
+        // /proc takes no new files, even from root.
+        let error = check_writable(Path::new("/proc/checkpoints")).unwrap_err();
+        assert!(error.contains("cannot create a file in /proc"), "{error}");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "a probe file was left"
+        );
     }
 
     #[test]

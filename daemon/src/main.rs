@@ -26,7 +26,16 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Output piped into `head` and the like: a command whose reader has gone stops, as
+    // `cat` does, instead of panicking on the broken pipe (Rust ignores SIGPIPE, so every
+    // `println!` after the reader left would panic). `run` keeps ignoring it: it is a
+    // daemon whose sockets must report a closed peer as an error, not kill the process, and
+    // its progress writer already carries on when its stdout is closed.
+    set_sigpipe(libc::SIG_DFL);
     let cli = cli::Cli::parse();
+    if matches!(cli.command, cli::Command::Run(_)) {
+        set_sigpipe(libc::SIG_IGN);
+    }
     let result = match cli.command {
         cli::Command::Run(args) => run_cmd::run(&args.config, args.progress, !args.quiet),
         cli::Command::Local(args) => local::run(&args),
@@ -50,5 +59,14 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+/// Sets what SIGPIPE does to this process. Called from `main` before any thread starts.
+fn set_sigpipe(action: libc::sighandler_t) {
+    // SAFETY: changing a signal's disposition to SIG_DFL or SIG_IGN installs no handler
+    // code; it happens before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, action);
     }
 }

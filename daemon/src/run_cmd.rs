@@ -12,11 +12,8 @@ use crate::run::{self, RunSettings, TrainingDevice};
 pub(crate) fn run(path: &Path, progress: bool, status_lines: bool) -> anyhow::Result<()> {
     let loaded = config::load(path).map_err(|e| BadInput(e.to_string()))?;
     // Held until the run ends: a second run on this key or checkpoint folder exits 2.
-    let _lock = InstanceLock::acquire(
-        &loaded.key_file,
-        &std::path::PathBuf::from("/tmp/x").join(std::process::id().to_string()),
-    )
-    .map_err(|e| BadInput(e.to_string()))?;
+    let _lock = InstanceLock::acquire(&loaded.key_file, &loaded.checkpoint.dir)
+        .map_err(|e| BadInput(e.to_string()))?;
     let format = match loaded.log.format {
         config::schema::LogFormat::Human => observe::LogFormat::Human,
         config::schema::LogFormat::Json => observe::LogFormat::Json,
@@ -61,5 +58,6 @@ fn settings(
         progress,
         status_lines,
         metrics_listen: c.metrics_listen,
+        metrics_control_token: c.metrics_control_token,
     }
 }

@@ -258,6 +258,10 @@ fn summary(loaded: &LoadedConfig) -> String {
             model_kind(loaded)
         ),
     };
+    let model = match config::memory_estimate(&loaded.task) {
+        Some(estimate) => format!("{model}, which needs {estimate}"),
+        None => model,
+    };
     let metrics = match loaded.metrics_listen {
         Some(addr) => format!("metrics on http://{addr}/metrics"),
         None => "no metrics endpoint".to_owned(),

@@ -157,6 +157,7 @@ fn swarm_new_init_invite_then_check_round_trip() {
         "sgp",
         "int8:64",
         "parameters",
+        "of training state",
     ] {
         assert!(summary.contains(needle), "{needle:?} in {summary}");
     }

@@ -33,12 +33,20 @@ fn butterfly_closes_the_gap_between_training_alone_and_the_sync_ring() {
     // A peer alone ends far above the swarm: the task is one where averaging matters.
     // Measured: 3.00 against 2.60 (BENCHMARKS.md).
     let gap = loss("none") - loss("sync-ring");
-    assert!(gap > 0.2, "none {} against sync-ring {}", loss("none"), loss("sync-ring"));
+    assert!(
+        gap > 0.2,
+        "none {} against sync-ring {}",
+        loss("none"),
+        loss("sync-ring")
+    );
     let butterfly = rows
         .iter()
         .find(|r| r["mode"] == "butterfly")
         .expect("a butterfly row");
     let closure = butterfly["gap_closure"].as_f64().expect("a gap closure");
-    assert!(closure >= 0.95, "butterfly int8 closed {closure:.3} of the gap: {stdout}");
+    assert!(
+        closure >= 0.95,
+        "butterfly int8 closed {closure:.3} of the gap: {stdout}"
+    );
     assert!(out.join("quality.csv").is_file() && out.join("quality.png").is_file());
 }

@@ -3,7 +3,8 @@
 //! torn on disk, and the restart resumes from the previous valid checkpoint. And a
 //! checkpoint folder that disappears under a running peer: the failures are counted in
 //! `murmur_checkpoint_failures_total` (what the `MurmurCheckpointsFailing` alert reads), and
-//! training goes on.
+//! training goes on. And with `keep = 1`, a corrupt file that sorts newest is moved aside
+//! instead of displacing every new checkpoint, so a `kill -9` loses at most `every_steps`.
 
 mod run_support;
 #[path = "support/swarm.rs"]
@@ -47,11 +48,13 @@ fn checkpoint_file(dir: &PeerDir, step: u64) -> (PathBuf, PathBuf) {
     )
 }
 
-/// The file names in the checkpoint folder, sorted.
+/// The file names in the checkpoint folder, sorted, but the run's lock file (`murmur.lock`,
+/// held in the checkpoint folder so that one folder has one run).
 fn checkpoint_names(dir: &PeerDir) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir.checkpoint_dir())
         .expect("the checkpoint folder exists")
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name != "murmur.lock")
         .collect();
     names.sort();
     names
@@ -259,4 +262,86 @@ fn checkpoints_that_cannot_be_written_are_counted_and_training_goes_on() {
         peer.log()
     );
     peer.kill_hard();
+}
+
+/// With `checkpoint.keep = 1`, a corrupt file that sorts after every checkpoint the peer
+/// writes (planted while it runs) is moved aside and counted instead of displacing each new
+/// checkpoint; after `kill -9`, the restart resumes within `every_steps` of the last step
+/// the peer reported.
+#[test]
+fn with_keep_1_a_corrupt_newest_file_loses_nothing_across_kill_9() {
+    const EVERY: u64 = 10;
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let dir = swarm.add_peer("solo");
+    dir.write_config(&PeerSettings {
+        checkpoint_every_steps: EVERY,
+        checkpoint_keep: 1,
+        // 5 steps a second: the progress lines (at most 500 ms apart) trail by ~3 steps.
+        synthetic_step_ms: 200,
+        metrics: true,
+        ..PeerSettings::default()
+    });
+    let mut peer = dir.start();
+    let ready = peer.ready();
+    let addr: SocketAddr = ready.json["metrics_addr"]
+        .as_str()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| peer.fail(&format!("no metrics_addr in {}", ready.json)));
+    peer.wait_for("step 12", RUN_PATIENCE, |l| {
+        l.is("progress") && l.u64("step") >= 12
+    });
+    let (corrupt, _) = checkpoint_file(&dir, 999_999);
+    std::fs::write(&corrupt, b"damaged").expect("the corrupt file is planted");
+    peer.wait_for("step 35", RUN_PATIENCE, |l| {
+        l.is("progress") && l.u64("step") >= 35
+    });
+    assert_eq!(
+        metric(addr, "murmur_checkpoint_corrupt_total"),
+        Some(1.0),
+        "the corrupt file is not counted"
+    );
+    // Frozen, so that the last progress line read is the step it dies at (within ~3).
+    peer.signal("STOP");
+    std::thread::sleep(Duration::from_millis(700));
+    peer.drain();
+    let reported = peer.step();
+    peer.kill_hard();
+    peer.wait_exit(Duration::from_secs(10));
+
+    let mut aside = corrupt.into_os_string();
+    aside.push(".corrupt");
+    assert!(
+        PathBuf::from(&aside).is_file(),
+        "the corrupt file was not moved aside: {:?}",
+        checkpoint_names(&dir)
+    );
+    let log = std::fs::read_to_string(dir.log_path()).expect("the log");
+    assert!(
+        log.contains("corrupt checkpoint moved aside"),
+        "no log line for the corrupt file:\n{log}"
+    );
+
+    let mut restarted = dir.start();
+    restarted.wait_for("a progress line", RUN_PATIENCE, |l| l.is("progress"));
+    let log = restarted.log_once("the resume", Duration::from_secs(10), |log| {
+        log.contains("resumed from a checkpoint")
+    });
+    let line = log
+        .lines()
+        .find(|l| l.contains("resumed from a checkpoint"))
+        .unwrap_or_default();
+    let resumed: u64 = line
+        .split("step=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|step| step.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {line:?}"));
+    assert!(
+        resumed + EVERY >= reported,
+        "reported step {reported} before kill -9, resumed from {resumed}: more than \
+         {EVERY} steps lost; files {:?}",
+        checkpoint_names(&dir)
+    );
+    restarted.kill_hard();
 }

@@ -93,7 +93,12 @@ impl fmt::Display for Location {
         if let Some(line) = self.line {
             write!(f, ":{line}")?;
         }
-        write!(f, ": {} = {}", self.key, self.value)
+        // A value pasted by mistake may be megabytes long; the start identifies it.
+        const SHOWN: usize = 120;
+        match self.value.char_indices().nth(SHOWN) {
+            Some((cut, _)) => write!(f, ": {} = {}…", self.key, &self.value[..cut]),
+            None => write!(f, ": {} = {}", self.key, self.value),
+        }
     }
 }
 

@@ -1,7 +1,5 @@
 //! Reading a config file: the text, then every value, then the files it names.
 
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -12,10 +10,13 @@ use murmur_protocol::identity::{Invite, Keypair, MAX_INVITE_LEN};
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::DataSource;
 
+use crate::observe::ControlToken;
+
 use super::error::ConfigError;
+use super::files::{check_regular, read_regular, read_secret};
 use super::locate::{Document, line_col};
 use super::schema::{AveragingSection, CheckpointSection, Config};
-use super::validate::{Checked, Locator, check};
+use super::validate::{Checked, Locator, check, check_listen_hosts};
 use super::{Averaging, LoadedConfig, Training};
 
 /// A config file whose values have all been checked, before any file it names is opened.
@@ -73,10 +74,14 @@ impl ConfigFile {
     }
 
     /// Loads the key and the invite, checks the invite at `now_unix_s`, and resolves every
-    /// path.
-    pub(crate) fn load_at(self, now_unix_s: u64) -> Result<LoadedConfig, ConfigError> {
+    /// path. With [`Host::This`], the listen addresses must also be this host's.
+    pub(crate) fn load_at(self, now_unix_s: u64, host: Host) -> Result<LoadedConfig, ConfigError> {
         let at = Locator::new(&self.path, &self.text);
         let config = &self.config;
+        if host == Host::This {
+            check_listen_hosts(&config.net.listen_addrs)
+                .map_err(|e| at.invalid("net.listen_addrs", "", e))?;
+        }
         let Checked {
             swarm,
             authority,
@@ -96,11 +101,10 @@ impl ConfigFile {
 
         let invite_file = self.resolve(&config.swarm.invite_file);
         let invite_error = |reason: String| at.invalid("swarm.invite_file", "\"invite\"", reason);
-        let invite_bytes = read_invite(&invite_file).map_err(|e| {
+        let invite_bytes = read_regular(&invite_file, MAX_INVITE_LEN).map_err(|e| {
             invite_error(format!(
-                "cannot read the invite {}: {e}; send your peer id ({peer_id}) to the swarm \
-                 organizer, who runs `murmur swarm invite {peer_id}`",
-                invite_file.display()
+                "cannot read the invite: {e}; send your peer id ({peer_id}) to the swarm \
+                 organizer, who runs `murmur swarm invite {peer_id}`"
             ))
         })?;
         let invite = Invite::decode(&invite_bytes).map_err(|e| {
@@ -119,6 +123,15 @@ impl ConfigFile {
             ..config.net.clone()
         };
         resolve_data_paths(&mut task.data.source, |p| self.resolve(p));
+        // Opened only once training starts: a FIFO or a folder here would hang or fail
+        // `run` after `config check` said yes.
+        for (key, path) in data_paths(&task.data.source) {
+            check_regular(path).map_err(|reason| at.invalid(key, "", reason))?;
+        }
+        if let Some(export) = &config.training.export {
+            check_export(&self.resolve(export))
+                .map_err(|reason| at.invalid("training.export", "", reason))?;
+        }
         let training = Training {
             steps: config.training.steps,
             eval_every_steps: config.training.eval_every_steps,
@@ -139,6 +152,30 @@ impl ConfigFile {
             dir: self.resolve(&config.checkpoint.dir),
             ..config.checkpoint.clone()
         };
+        // Here rather than at the first checkpoint: a run must not train for hours and then
+        // find that its state has nowhere to go.
+        crate::checkpoint::check_writable(&checkpoint.dir).map_err(|reason| {
+            at.invalid(
+                "checkpoint.dir",
+                "\"checkpoints\"",
+                format!(
+                    "{}: {reason}; point it at a folder this user can create files in",
+                    checkpoint.dir.display()
+                ),
+            )
+        })?;
+        let metrics_control_token = match &config.metrics.control_token_file {
+            None => None,
+            Some(file) => {
+                let file = self.resolve(file);
+                let token = read_secret(&file, 4096).and_then(|bytes| {
+                    let text = String::from_utf8(bytes)
+                        .map_err(|_| format!("{} is not UTF-8 text", file.display()))?;
+                    ControlToken::new(&text).map_err(|e| format!("{}: {e}", file.display()))
+                });
+                Some(token.map_err(|reason| at.invalid("metrics.control_token_file", "", reason))?)
+            }
+        };
         Ok(LoadedConfig {
             path: self.path.clone(),
             keypair,
@@ -154,9 +191,20 @@ impl ConfigFile {
             averaging,
             checkpoint,
             metrics_listen: *metrics_listen,
+            metrics_control_token,
             log: config.log.clone(),
         })
     }
+}
+
+/// Which host a config is loaded for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Host {
+    /// This one, which will run it: its listen addresses must be this host's.
+    This,
+    /// Another one (a bench's config for a remote host), whose addresses are its own.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Other,
 }
 
 /// `averaging.mode` with the settings only that mode reads: the one place a config's mode
@@ -194,13 +242,45 @@ fn syntax_error(path: &Path, text: &str, error: &toml::de::Error) -> ConfigError
     }
 }
 
-/// Reads an invite file, refusing one larger than any invite before reading it all.
-fn read_invite(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::with_capacity(MAX_INVITE_LEN + 1);
-    File::open(path)?
-        .take(MAX_INVITE_LEN as u64 + 1)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
+/// Every file the data source reads, with its key.
+fn data_paths(source: &DataSource) -> Vec<(&'static str, &Path)> {
+    match source {
+        DataSource::SyntheticClassification(_) | DataSource::SyntheticMarkov(_) => Vec::new(),
+        DataSource::Text(c) => vec![("data.source.path", &c.path)],
+        DataSource::Tokens(c) => vec![("data.source.path", &c.path)],
+        DataSource::Idx(c) => {
+            let mut paths = vec![
+                ("data.source.images", c.images.as_path()),
+                ("data.source.labels", c.labels.as_path()),
+            ];
+            if let Some(p) = &c.eval_images {
+                paths.push(("data.source.eval_images", p));
+            }
+            if let Some(p) = &c.eval_labels {
+                paths.push(("data.source.eval_labels", p));
+            }
+            paths
+        }
+    }
+}
+
+/// Where the final model goes must be a regular file (or nothing yet) in a folder.
+fn check_export(path: &Path) -> Result<(), String> {
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => check_regular(path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if parent.is_dir() {
+                Ok(())
+            } else {
+                Err(format!("{} is not a folder", parent.display()))
+            }
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 /// Resolves every file the data source reads.

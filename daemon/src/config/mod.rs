@@ -12,8 +12,10 @@
 //! them all with their defaults.
 
 mod error;
+mod files;
 mod load;
 mod locate;
+mod memory;
 pub(crate) mod schema;
 pub(crate) mod template;
 #[cfg(test)]
@@ -43,7 +45,14 @@ pub(crate) fn load(path: &Path) -> Result<LoadedConfig, ConfigError> {
 
 /// [`load()`], with the invite checked at `now_unix_s`.
 pub(crate) fn load_at(path: &Path, now_unix_s: u64) -> Result<LoadedConfig, ConfigError> {
-    ConfigFile::read(path)?.load_at(now_unix_s)
+    ConfigFile::read(path)?.load_at(now_unix_s, load::Host::This)
+}
+
+/// [`load()`] of a config written for another host: its listen addresses are not checked
+/// against this host's.
+#[cfg(test)]
+pub(crate) fn load_for_another_host(path: &Path) -> Result<LoadedConfig, ConfigError> {
+    ConfigFile::read(path)?.load_at(crate::clock::unix_s(), load::Host::Other)
 }
 
 /// Everything the run loop needs, checked and ready to use.
@@ -77,6 +86,9 @@ pub(crate) struct LoadedConfig {
     pub(crate) checkpoint: CheckpointSection,
     /// `metrics.listen`; `None` = no HTTP endpoint.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// The token of `metrics.control_token_file`, which lets non-loopback clients pause
+    /// and resume; `None` = loopback only.
+    pub(crate) metrics_control_token: Option<crate::observe::ControlToken>,
     /// `[log]`.
     pub(crate) log: LogSection,
 }
@@ -114,6 +126,14 @@ pub(crate) struct Averaging {
     pub(crate) error_feedback: bool,
     /// Between this peer's heartbeats.
     pub(crate) heartbeat_interval: Duration,
+}
+
+/// How much memory the model needs (see [`memory`]), when its size follows from the config
+/// alone.
+pub(crate) fn memory_estimate(task: &TaskConfig) -> Option<memory::MemoryEstimate> {
+    let shape = validate::data_shape(task)?;
+    let model = Model::new(&task.model, shape).ok()?;
+    Some(memory::estimate(task, shape, model.param_count()))
 }
 
 /// The model's parameter count, when it follows from the config alone (every data source

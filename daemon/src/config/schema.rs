@@ -262,6 +262,9 @@ impl Default for CheckpointSection {
 pub(crate) struct MetricsSection {
     /// `HOST:PORT` of the HTTP endpoint (`/metrics`, `/status`, `/healthz`); absent = off.
     pub(crate) listen: Option<String>,
+    /// A file (mode 0600) holding the bearer token that lets clients other than loopback
+    /// use `POST /pause` and `/resume`, relative to the config file; absent = loopback only.
+    pub(crate) control_token_file: Option<PathBuf>,
 }
 
 /// How log lines are written (`log.format`).

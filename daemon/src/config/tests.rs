@@ -135,6 +135,9 @@ fn relative_paths_resolve_against_the_config_folder() {
         ("branching = 4\n", ""),
         ("skew = 1.0\n", ""),
     ]);
+    // The files it names exist where they resolve to, so that only resolution is tested.
+    std::fs::write(s.dir.path().join("corpus.txt"), b"text").unwrap();
+    std::fs::create_dir(s.dir.path().join("out")).unwrap();
     let loaded = s.load().unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         loaded.training.export,
@@ -217,6 +220,32 @@ fn out_of_range_values_name_their_key_line_and_value() {
         ),
         ("level = \"info\"\n", "level = \"loud\"\n", "log.level"),
         ("id = \"test-swarm\"\n", "id = \"Test Swarm\"\n", "swarm.id"),
+        // Values that passed the check and then crashed `run`.
+        (
+            "command_capacity = 64\n",
+            "command_capacity = 9223372036854775807\n",
+            "net.command_capacity",
+        ),
+        (
+            "event_capacity = 256\n",
+            "event_capacity = 4000000000\n",
+            "net.event_capacity",
+        ),
+        (
+            "max_connections = 256\n",
+            "max_connections = 0\n",
+            "net.max_connections",
+        ),
+        (
+            "listen_addrs = [\"/ip4/0.0.0.0/udp/0/quic-v1\", \"/ip4/0.0.0.0/tcp/0\"]\n",
+            "listen_addrs = [\"/ip4/0.0.0.0/udp/0/quic\"]\n",
+            "net.listen_addrs",
+        ),
+        (
+            "listen_addrs = [\"/ip4/0.0.0.0/udp/0/quic-v1\", \"/ip4/0.0.0.0/tcp/0\"]\n",
+            "listen_addrs = [\"/ip4/203.0.113.9/tcp/0\"]\n",
+            "net.listen_addrs",
+        ),
     ] {
         s.write_edited(&[(old, new)]);
         let err = s.load().unwrap_err();
@@ -372,5 +401,38 @@ fn every_mode_carries_its_own_tables_settings() {
             other => panic!("{mode}: {other:?}"),
         }
         assert_eq!(loaded.averaging.mode.mode().name(), mode);
+    }
+}
+
+/// Files and sizes that passed the check and then hung or aborted `run` are refused by the
+/// check, naming the key: an invite that is a FIFO, a checkpoint folder that is a file, a
+/// model far beyond this host's memory.
+#[test]
+fn special_files_and_oversized_models_are_refused_naming_the_key() {
+    let s = Swarm::new();
+    let fifo = s.dir.path().join("fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path; mkfifo only creates a file.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    std::fs::write(s.dir.path().join("a-file"), b"x").unwrap();
+    for (old, new, key, says) in [
+        (
+            "invite_file = \"invite\"\n",
+            "invite_file = \"fifo\"\n",
+            "swarm.invite_file",
+            "is a FIFO",
+        ),
+        (
+            "dir = \"checkpoints\"\n",
+            "dir = \"a-file/checkpoints\"\n",
+            "checkpoint.dir",
+            "is not a folder",
+        ),
+        ("width = 64\n", "width = 8192\n", "model", "GiB"),
+    ] {
+        s.write_edited(&[(old, new)]);
+        let err = s.load().unwrap_err();
+        assert_eq!(err.key(), Some(key), "{err}");
+        assert!(err.to_string().contains(says), "{err}");
     }
 }

@@ -11,6 +11,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use murmur_gossip::butterfly::ButterflyError;
+use murmur_gossip::net::NetError;
 use murmur_gossip::sgp::{SgpConfig, SgpError};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{PeerId, SwarmId};
@@ -18,6 +19,7 @@ use murmur_trainer::{DataShape, DataSource, Model, TaskConfig, TrainerDevice};
 
 use super::error::{ConfigError, Location};
 use super::locate::{Document, Place};
+use super::memory::{self, Bytes};
 use super::schema::{Config, SgpSection};
 
 /// Builds errors that point at a key of one config file.
@@ -104,6 +106,7 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
     let codec = CodecSpec::parse(&averaging.codec)
         .map_err(|e| at.invalid("averaging.codec", &averaging.codec, e.to_string()))?;
     check_daemon_ranges(config, at)?;
+    config.net.check_settings().map_err(|e| net_error(at, e))?;
 
     let sgp = sgp_config(averaging.sgp, codec);
     sgp.validate().map_err(|e| sgp_error(at, e))?;
@@ -134,7 +137,22 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
     // Building the model checks what `validate` cannot see alone, such as a vocabulary
     // smaller than the data's; it only lays out the parameters, so it is cheap.
     if let Some(shape) = data_shape(&task) {
-        Model::new(&task.model, shape).map_err(|e| trainer_error(at, e))?;
+        let model = Model::new(&task.model, shape).map_err(|e| trainer_error(at, e))?;
+        let estimate = memory::estimate(&task, shape, model.param_count());
+        if let Some(available) = memory::available_bytes()
+            && estimate.total() > available
+        {
+            return Err(at.invalid(
+                "model",
+                "",
+                format!(
+                    "this model needs {estimate}, more than the {} this host has available; \
+                     make it smaller (model.width, model.layers, model.context) or lower \
+                     data.batch_size",
+                    Bytes(available)
+                ),
+            ));
+        }
     }
 
     let device = match config.training.device.as_str() {
@@ -351,6 +369,38 @@ fn trainer_error(at: &Locator<'_>, error: murmur_trainer::ConfigError) -> Config
         } => at.invalid(&key, value, format!("out of range: allowed {allowed}")),
         murmur_trainer::ConfigError::Incompatible { key, reason } => at.invalid(&key, "", reason),
     }
+}
+
+fn net_error(at: &Locator<'_>, error: NetError) -> ConfigError {
+    match error {
+        NetError::Config { key, reason } => at.invalid(key, "", reason),
+        other => at.invalid("net", "", other.to_string()),
+    }
+}
+
+/// Refuses a listen address whose IP is not one of this host's (where binding would fail
+/// at start); the unspecified addresses (`0.0.0.0`, `::`) listen everywhere and pass.
+/// Runs after [`NetConfig::check_settings`](murmur_gossip::net::NetConfig), so every
+/// address is `/ip4|ip6/<ip>/…`.
+pub(super) fn check_listen_hosts(addrs: &[String]) -> Result<(), String> {
+    for addr in addrs {
+        let Some(ip) = addr
+            .split('/')
+            .nth(2)
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+        else {
+            continue;
+        };
+        if !ip.is_unspecified()
+            && let Err(e) = std::net::UdpSocket::bind((ip, 0))
+        {
+            return Err(format!(
+                "`{addr}`: {ip} is not an address of this host ({e}); use one of its \
+                 addresses, or 0.0.0.0 for all"
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn sgp_error(at: &Locator<'_>, error: SgpError) -> ConfigError {

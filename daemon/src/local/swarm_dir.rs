@@ -306,6 +306,7 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
         },
         metrics: MetricsSection {
             listen: Some("127.0.0.1:0".to_owned()),
+            control_token_file: None,
         },
         log: LogSection::default(),
     }
@@ -511,7 +512,8 @@ mod tests {
         .unwrap();
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), plan.peers).unwrap();
         dir.write_config(&plan, 1, &[]).unwrap();
-        let loaded = crate::config::load(&dir.config_path(1)).unwrap_or_else(|e| panic!("{e}"));
+        let loaded = crate::config::load_for_another_host(&dir.config_path(1))
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(loaded.net.listen_addrs, ["/ip4/10.9.1.2/udp/0/quic-v1"]);
         assert_eq!(
             loaded.training.synthetic_step,

@@ -23,6 +23,7 @@ struct Inner {
     paused: IntGauge,
     checkpoints_written: IntCounter,
     checkpoint_failures: IntCounter,
+    checkpoints_corrupt: IntCounter,
 }
 
 impl DaemonMetrics {
@@ -41,16 +42,22 @@ impl DaemonMetrics {
         let help = "Checkpoints that could not be written (the folder could not be opened, or \
                     the write or rename failed).";
         let checkpoint_failures = named(name, IntCounter::new(name, help))?;
+        let name = "murmur_checkpoint_corrupt_total";
+        let help = "Checkpoint files that failed their check (torn, damaged) and were moved \
+                    aside to <name>.corrupt, at start or while pruning.";
+        let checkpoints_corrupt = named(name, IntCounter::new(name, help))?;
         let inner = Inner {
             build_info,
             paused,
             checkpoints_written,
             checkpoint_failures,
+            checkpoints_corrupt,
         };
         register(registry, inner.build_info.clone())?;
         register(registry, inner.paused.clone())?;
         register(registry, inner.checkpoints_written.clone())?;
         register(registry, inner.checkpoint_failures.clone())?;
+        register(registry, inner.checkpoints_corrupt.clone())?;
         Ok(DaemonMetrics { inner: Some(inner) })
     }
 
@@ -90,6 +97,13 @@ impl DaemonMetrics {
             } else {
                 m.checkpoint_failures.inc();
             }
+        }
+    }
+
+    /// `files` corrupt checkpoint files were moved aside.
+    pub(crate) fn record_corrupt_checkpoints(&self, files: usize) {
+        if let Some(m) = &self.inner {
+            m.checkpoints_corrupt.inc_by(files as u64);
         }
     }
 }
@@ -138,11 +152,13 @@ mod tests {
         m.record_checkpoint(true);
         m.record_checkpoint(false);
         m.record_checkpoint(false);
+        m.record_corrupt_checkpoints(3);
         let text_now = text(&registry);
         for line in [
             "murmur_paused 1\n",
             "murmur_checkpoint_writes_total 1\n",
             "murmur_checkpoint_failures_total 2\n",
+            "murmur_checkpoint_corrupt_total 3\n",
         ] {
             assert!(text_now.contains(line), "missing {line:?} in\n{text_now}");
         }

@@ -13,6 +13,10 @@
 //! | connections served at once | `max_connections`, 32; later ones wait in the kernel's accept queue until a slot frees, which every slot does within the two timeouts (plus 1 s draining a refused request) |
 //!
 //! A bad request gets its answer and its connection closed; the server keeps serving.
+//!
+//! `POST /pause` and `POST /resume` are allowed from loopback, or with the bearer token of
+//! `metrics.control_token_file`, and only with a `Host` and `Origin` (when sent) that name
+//! this daemon; anything else gets `403` and changes nothing (see [`super::control`]).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -25,6 +29,7 @@ use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
+use super::control::{ControlRequest, ControlToken, authorize};
 use super::request::{BadRequest, RequestHead, find_head_end, parse_head};
 use super::{Metrics, ObserveError, StatusBoard};
 
@@ -89,13 +94,15 @@ struct Shared {
     metrics: Metrics,
     board: StatusBoard,
     limits: HttpLimits,
+    control_token: Option<ControlToken>,
 }
 
 /// Binds `addr` and serves the endpoints on the current tokio runtime until `shutdown`
-/// completes.
+/// completes; `control_token` lets non-loopback clients pause and resume.
 pub(crate) async fn serve(
     addr: SocketAddr,
     limits: HttpLimits,
+    control_token: Option<ControlToken>,
     metrics: Metrics,
     board: StatusBoard,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -107,6 +114,7 @@ pub(crate) async fn serve(
         metrics,
         board,
         limits,
+        control_token,
     });
     tracing::info!("serving /metrics, /status and /healthz on http://{local_addr}");
     let task = tokio::spawn(accept_loop(listener, shared, shutdown));
@@ -132,10 +140,10 @@ async fn accept_loop(
                 Err(_closed) => break,
             },
         };
-        let stream = tokio::select! {
+        let (stream, client) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _peer)) => stream,
+                Ok((stream, client)) => (stream, client),
                 Err(e) => {
                     tracing::warn!("metrics endpoint: accepting a connection failed: {e}");
                     tokio::time::sleep(ACCEPT_BACKOFF).await;
@@ -145,7 +153,7 @@ async fn accept_loop(
         };
         let shared = Arc::clone(&shared);
         connections.spawn(async move {
-            serve_connection(stream, &shared).await;
+            serve_connection(stream, client, &shared).await;
             drop(slot);
         });
     }
@@ -163,13 +171,20 @@ enum ReadFailure {
     HeadTooLarge,
 }
 
-async fn serve_connection(mut stream: TcpStream, shared: &Shared) {
+async fn serve_connection(mut stream: TcpStream, client: SocketAddr, shared: &Shared) {
     let limits = &shared.limits;
     let deadline = Instant::now() + limits.read_timeout;
     let mut buf = vec![0u8; limits.max_head_bytes];
     // After a refusal the client may still be sending; drain it before closing (below).
     let (response, then_drain) = match read_request(&mut stream, &mut buf, deadline, limits).await {
-        Ok(request) => (respond(&request, shared), false),
+        Ok(request) => {
+            // The address the client reached, which its `Host` must name; unknown only if
+            // the socket already failed, and then nothing is allowed to match it.
+            let local = stream
+                .local_addr()
+                .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+            (respond(&request, client, local, shared), false)
+        }
         Err(Refused::Bad(bad)) => (Response::refuse(&bad), true),
         Err(Refused::Read(ReadFailure::Gone)) => return,
         // A client this slow has had its chance; its slot is freed at once.
@@ -206,6 +221,9 @@ enum Refused {
 struct Request {
     method: String,
     path: String,
+    host: Option<String>,
+    origin: Option<String>,
+    authorization: Option<String>,
 }
 
 async fn read_request(
@@ -236,6 +254,9 @@ async fn read_request(
     let request = Request {
         method: head.method.to_owned(),
         path: head.path.to_owned(),
+        host: head.host.map(str::to_owned),
+        origin: head.origin.map(str::to_owned),
+        authorization: head.authorization.map(str::to_owned),
     };
     while left > 0 {
         let n = read_some(stream, buf, deadline).await?;
@@ -270,7 +291,7 @@ async fn linger(stream: &mut TcpStream) {
     }
 }
 
-fn respond(request: &Request, shared: &Shared) -> Response {
+fn respond(request: &Request, client: SocketAddr, local: SocketAddr, shared: &Shared) -> Response {
     let head_only = request.method == "HEAD";
     let get = matches!(request.method.as_str(), "GET" | "HEAD");
     let post = request.method == "POST";
@@ -297,16 +318,7 @@ fn respond(request: &Request, shared: &Shared) -> Response {
             }
         }
         "/healthz" if get => Response::ok(PLAIN_TEXT, b"ok".to_vec()),
-        "/pause" | "/resume" if post => {
-            let paused = request.path == "/pause";
-            if shared.board.set_paused(paused) {
-                tracing::info!(
-                    "training {} over HTTP",
-                    if paused { "paused" } else { "resumed" }
-                );
-            }
-            Response::ok(JSON, format!("{{\"paused\":{paused}}}").into_bytes())
-        }
+        "/pause" | "/resume" if post => control(request, client, local, shared),
         "/metrics" | "/status" | "/healthz" => Response::not_allowed("GET, HEAD"),
         "/pause" | "/resume" => Response::not_allowed("POST"),
         _ => Response::error(
@@ -320,6 +332,35 @@ fn respond(request: &Request, shared: &Shared) -> Response {
     } else {
         response
     }
+}
+
+/// `POST /pause` or `/resume`: checked (see [`super::control`]), then applied.
+fn control(request: &Request, client: SocketAddr, local: SocketAddr, shared: &Shared) -> Response {
+    let check = ControlRequest {
+        client,
+        local,
+        host: request.host.as_deref(),
+        origin: request.origin.as_deref(),
+        authorization: request.authorization.as_deref(),
+    };
+    if let Err(why) = authorize(&check, shared.control_token.as_ref()) {
+        tracing::warn!(
+            client = %client,
+            endpoint = %request.path,
+            reason = %why,
+            "control request refused"
+        );
+        return Response::error(403, "Forbidden", &why.to_string());
+    }
+    let paused = request.path == "/pause";
+    if shared.board.set_paused(paused) {
+        tracing::info!(
+            client = %client,
+            "training {} over HTTP",
+            if paused { "paused" } else { "resumed" }
+        );
+    }
+    Response::ok(JSON, format!("{{\"paused\":{paused}}}").into_bytes())
 }
 
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";

@@ -58,7 +58,7 @@ async fn start(limits: HttpLimits) -> Running {
     let shutdown = async {
         let _ = stopped.await;
     };
-    let server = serve(addr, limits, metrics, board.clone(), shutdown)
+    let server = serve(addr, limits, None, metrics, board.clone(), shutdown)
         .await
         .expect("binds");
     Running {
@@ -111,7 +111,7 @@ async fn get(addr: SocketAddr, path: &str) -> Answer {
 }
 
 async fn post(addr: SocketAddr, path: &str) -> Answer {
-    let raw = format!("POST {path} HTTP/1.1\r\nHost: murmur\r\nContent-Length: 0\r\n\r\n");
+    let raw = format!("POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n");
     exchange(addr, raw.as_bytes()).await
 }
 
@@ -328,6 +328,27 @@ async fn pause_and_resume_flip_the_flag_the_run_loop_reads() {
 }
 
 #[tokio::test]
+async fn a_foreign_host_origin_or_token_gets_403_and_changes_nothing() {
+    let running = start(HttpLimits::default()).await;
+    let addr = running.server.local_addr();
+    for headers in [
+        "Host: rebound.example:9464\r\n".to_owned(),
+        format!("Host: {addr}\r\nOrigin: http://evil.example\r\n"),
+        "Origin: null\r\n".to_owned(),
+        "Authorization: Bearer not-the-token-at-all\r\n".to_owned(),
+    ] {
+        let raw = format!("POST /pause HTTP/1.1\r\n{headers}Content-Length: 0\r\n\r\n");
+        let answer = exchange(addr, raw.as_bytes()).await;
+        assert_eq!(answer.status, 403, "{headers}: {}", answer.head);
+        assert!(!running.board.is_paused(), "{headers}: paused anyway");
+    }
+    // This daemon's own address passes.
+    let raw = format!("POST /pause HTTP/1.1\r\nHost: {addr}\r\nOrigin: http://{addr}\r\n\r\n");
+    assert_eq!(exchange(addr, raw.as_bytes()).await.status, 200);
+    assert!(running.board.is_paused());
+}
+
+#[tokio::test]
 async fn metrics_show_the_paused_flag_and_what_the_daemon_runs() {
     let running = start(HttpLimits::default()).await;
     let addr = running.server.local_addr();
@@ -464,6 +485,7 @@ async fn an_address_in_use_is_a_clear_error() {
     let result = serve(
         addr,
         HttpLimits::default(),
+        None,
         metrics,
         board,
         std::future::pending(),

@@ -28,6 +28,7 @@
 //! | `murmur_paused` | gauge | | 1 while training is paused (SIGUSR1 or `POST /pause`), else 0 |
 //! | `murmur_checkpoint_writes_total` | counter | | checkpoints written |
 //! | `murmur_checkpoint_failures_total` | counter | | checkpoints that could not be written (training goes on) |
+//! | `murmur_checkpoint_corrupt_total` | counter | | checkpoint files that failed their check and were moved aside to `<name>.corrupt` |
 //! | `murmur_training_step` | gauge | | optimizer step this peer is at |
 //! | `murmur_training_samples_total` | counter | | samples trained on since the daemon started |
 //! | `murmur_training_loss` | gauge | | training loss of the last step |
@@ -101,6 +102,7 @@
 
 mod averaging;
 mod busy;
+mod control;
 mod daemon;
 mod gpu;
 mod http;
@@ -114,6 +116,7 @@ mod stragglers;
 mod training;
 
 pub(crate) use averaging::{Refusal, RoundOutcome, RoundSummary};
+pub(crate) use control::ControlToken;
 pub(crate) use http::{HttpLimits, serve};
 pub(crate) use logging::{LogFormat, init_logging};
 pub(crate) use registry::{Metrics, MetricsOptions};

@@ -27,6 +27,9 @@ pub(super) enum BadRequest {
     /// A `Transfer-Encoding` header: chunked bodies are not accepted.
     #[error("Transfer-Encoding is not supported; send a Content-Length instead")]
     TransferEncoding,
+    /// A header that may appear once (`Host`, `Origin`, `Authorization`) appeared twice.
+    #[error("the {0} header is given twice")]
+    DuplicateHeader(&'static str),
     /// The declared body is larger than any endpoint takes.
     #[error("request body over {limit} bytes")]
     BodyTooLarge {
@@ -44,6 +47,12 @@ pub(super) struct RequestHead<'a> {
     pub(super) path: &'a str,
     /// The declared body length; 0 when none was declared.
     pub(super) content_length: usize,
+    /// The `Host` header's value, if sent.
+    pub(super) host: Option<&'a str>,
+    /// The `Origin` header's value, if sent.
+    pub(super) origin: Option<&'a str>,
+    /// The `Authorization` header's value, if sent.
+    pub(super) authorization: Option<&'a str>,
 }
 
 /// Where the head ends in `bytes` (the index of the blank line's `\r\n\r\n`), if it does.
@@ -72,6 +81,7 @@ pub(super) fn parse_head(bytes: &[u8]) -> Result<RequestHead<'_>, BadRequest> {
     }
     let path = target.split_once('?').map_or(target, |(path, _query)| path);
     let mut content_length = None;
+    let (mut host, mut origin, mut authorization) = (None, None, None);
     for line in lines {
         let (name, value) = line.split_once(':').ok_or(BadRequest::HeaderLine)?;
         if name.is_empty() || name.bytes().any(|b| b.is_ascii_whitespace()) {
@@ -87,11 +97,26 @@ pub(super) fn parse_head(bytes: &[u8]) -> Result<RequestHead<'_>, BadRequest> {
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
             return Err(BadRequest::TransferEncoding);
         }
+        for (header, slot) in [
+            ("Host", &mut host),
+            ("Origin", &mut origin),
+            ("Authorization", &mut authorization),
+        ] {
+            if name.eq_ignore_ascii_case(header) {
+                // Two values would let a check read one and a proxy the other.
+                if slot.replace(value).is_some() {
+                    return Err(BadRequest::DuplicateHeader(header));
+                }
+            }
+        }
     }
     Ok(RequestHead {
         method,
         path,
         content_length: content_length.unwrap_or(0),
+        host,
+        origin,
+        authorization,
     })
 }
 
@@ -107,9 +132,24 @@ mod tests {
             Ok(RequestHead {
                 method: "GET",
                 path: "/metrics",
-                content_length: 0
+                content_length: 0,
+                host: Some("a:9464"),
+                origin: None,
+                authorization: None,
             })
         );
+    }
+
+    #[test]
+    fn host_origin_and_authorization_are_read_once_each() {
+        let head = b"POST /pause HTTP/1.1\r\nhost: 127.0.0.1:9464\r\n\
+                     ORIGIN: http://localhost\r\nAuthorization:  Bearer abc ";
+        let head = parse_head(head).unwrap();
+        assert_eq!(head.host, Some("127.0.0.1:9464"));
+        assert_eq!(head.origin, Some("http://localhost"));
+        assert_eq!(head.authorization, Some("Bearer abc"));
+        let twice = b"POST /pause HTTP/1.1\r\nHost: a\r\nhost: b";
+        assert_eq!(parse_head(twice), Err(BadRequest::DuplicateHeader("Host")));
     }
 
     #[test]

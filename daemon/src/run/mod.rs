@@ -145,6 +145,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
             let server = observe::serve(
                 addr,
                 HttpLimits::default(),
+                settings.metrics_control_token.clone(),
                 metrics.clone(),
                 board.clone(),
                 shutdown,
@@ -336,7 +337,8 @@ fn fingerprint(layout: &ParamLayout) -> [u8; 32] {
 }
 
 /// Loads the newest valid checkpoint of this swarm and model into `params`, if there is
-/// one; returns its step. Unusable files are skipped with a message naming each.
+/// one; returns its step. Unusable files are skipped with a message naming each, and moved
+/// aside.
 fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
     let store =
         match CheckpointStore::open(&peer.settings.checkpoint_dir, peer.settings.checkpoint_keep) {
@@ -353,13 +355,20 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
             return None;
         }
     };
+    let mut set_aside = Vec::with_capacity(latest.skipped.len());
     for skipped in &latest.skipped {
         tracing::warn!(
             path = %skipped.path.display(),
             reason = %skipped.reason,
             "skipping a checkpoint that cannot be used"
         );
+        // Out of the way, so that it never stands in for a valid checkpoint in `keep`.
+        match store.set_aside(&skipped.path, &skipped.reason) {
+            Ok(moved) => set_aside.push(moved),
+            Err(e) => tracing::warn!(error = %e, "corrupt checkpoint not moved aside"),
+        }
     }
+    peer.report_set_aside(&set_aside);
     let (path, snapshot) = latest.found?;
     let tensor = snapshot.tensors.iter().find(|t| t.name == "params");
     let usable = snapshot.swarm_id == peer.settings.swarm_id

@@ -22,7 +22,7 @@ use super::settings::RunSettings;
 use super::state_sync::StateCell;
 use super::worker::Worker;
 use super::worker::{Done, Job, OptimizerState, SharedOptimizer};
-use crate::checkpoint::CheckpointStore;
+use crate::checkpoint::{CheckpointStore, SetAside};
 use crate::observe::{Metrics, Refusal, RoundOutcome, RoundSummary, StatusBoard};
 
 /// What the operating system asked of the peer.
@@ -433,8 +433,8 @@ impl Peer {
         }
     }
 
-    /// Writes the current state into the checkpoint folder (atomically; the oldest beyond
-    /// `checkpoint.keep` are removed).
+    /// Writes the current state into the checkpoint folder (atomically; beyond the newest
+    /// `checkpoint.keep` valid ones, older files are removed and corrupt ones moved aside).
     pub(crate) fn write_checkpoint(&self, params: &[f32]) -> anyhow::Result<()> {
         let written =
             CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
@@ -446,9 +446,27 @@ impl Peer {
                         .context("cannot write the checkpoint")
                 });
         self.metrics.daemon.record_checkpoint(written.is_ok());
-        let path = written?;
-        tracing::info!(path = %path.display(), step = self.counters.step, "checkpoint written");
+        let written = written?;
+        tracing::info!(
+            path = %written.path.display(),
+            step = self.counters.step,
+            "checkpoint written"
+        );
+        self.report_set_aside(&written.set_aside);
         Ok(())
+    }
+
+    /// Logs and counts corrupt checkpoint files that were moved aside.
+    pub(crate) fn report_set_aside(&self, files: &[SetAside]) {
+        for file in files {
+            tracing::warn!(
+                path = %file.from.display(),
+                moved_to = %file.to.display(),
+                reason = %file.reason,
+                "corrupt checkpoint moved aside; it does not count toward checkpoint.keep"
+            );
+        }
+        self.metrics.daemon.record_corrupt_checkpoints(files.len());
     }
 }
 

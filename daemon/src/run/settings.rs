@@ -48,6 +48,8 @@ pub(crate) struct RunSettings {
     pub(crate) status_lines: bool,
     /// Where `/metrics`, `/status` and `/healthz` are served; `None` = not served.
     pub(crate) metrics_listen: Option<std::net::SocketAddr>,
+    /// `metrics.control_token_file`'s token: non-loopback clients may pause and resume.
+    pub(crate) metrics_control_token: Option<crate::observe::ControlToken>,
 }
 
 impl RunSettings {

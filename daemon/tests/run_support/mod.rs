@@ -153,6 +153,8 @@ pub(crate) struct PeerSettings {
     pub(crate) eval_every_steps: u64,
     /// `[training] min_peers`.
     pub(crate) min_peers: usize,
+    /// `[training] synthetic_step_ms`: every step padded to at least this (0 = off).
+    pub(crate) synthetic_step_ms: u64,
     /// `[training] export`, relative to the peer's folder.
     pub(crate) export: Option<String>,
     /// `[training] device`.
@@ -176,6 +178,10 @@ pub(crate) struct PeerSettings {
     pub(crate) listen_addrs: Vec<String>,
     /// Further integer keys of `[net]` (`max_pending_incoming_per_ip`, …), as written.
     pub(crate) net_keys: Vec<(&'static str, u64)>,
+    /// With `metrics`: `[metrics] listen` instead of `127.0.0.1:0`.
+    pub(crate) metrics_listen: Option<String>,
+    /// With `metrics`: `[metrics] control_token_file`, relative to the peer's folder.
+    pub(crate) control_token_file: Option<String>,
 }
 
 impl Default for PeerSettings {
@@ -185,6 +191,7 @@ impl Default for PeerSettings {
             steps: 0,
             eval_every_steps: 10,
             min_peers: 0,
+            synthetic_step_ms: 0,
             export: None,
             device: "cpu".to_owned(),
             share_timeout_ms: 2_000,
@@ -196,6 +203,8 @@ impl Default for PeerSettings {
             metrics: false,
             listen_addrs: vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_owned()],
             net_keys: Vec::new(),
+            metrics_listen: None,
+            control_token_file: None,
         }
     }
 }
@@ -295,7 +304,7 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
          [net]\nlisten_addrs = [{listen}]\nbootstrap = [{bootstrap}]\nmdns = false\n{net_keys}\n\
          [volunteer]\ncpu_threads = 1\n\n\
          [training]\nsteps = {steps}\neval_every_steps = {eval}\nmin_peers = {min_peers}\n\
-         start_timeout_ms = 30000\ndevice = {device}\n",
+         start_timeout_ms = 30000\ndevice = {device}\nsynthetic_step_ms = {synthetic}\n",
         id = quoted(SWARM_ID),
         device = quoted(&s.device),
         authority = quoted(authority),
@@ -309,6 +318,7 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         steps = s.steps,
         eval = s.eval_every_steps,
         min_peers = s.min_peers,
+        synthetic = s.synthetic_step_ms,
     );
     if let Some(export) = &s.export {
         let _ = writeln!(t, "export = {}", quoted(export));
@@ -332,7 +342,11 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         keep = s.checkpoint_keep,
     );
     if s.metrics {
-        let _ = write!(t, "\n[metrics]\nlisten = \"127.0.0.1:0\"\n");
+        let listen = s.metrics_listen.as_deref().unwrap_or("127.0.0.1:0");
+        let _ = write!(t, "\n[metrics]\nlisten = {}\n", quoted(listen));
+        if let Some(file) = &s.control_token_file {
+            let _ = writeln!(t, "control_token_file = {}", quoted(file));
+        }
     }
     t
 }

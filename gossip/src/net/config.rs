@@ -178,6 +178,18 @@ impl Default for NetConfig {
 
 /// The least `quic_stream_receive_window`: about ten full-size packets.
 pub const MIN_QUIC_RECEIVE_WINDOW: u32 = 16 * 1024;
+/// The most of any connection count (`max_connections`, `…_per_peer`, `max_pending_incoming`).
+const MAX_COUNT: u64 = 65_536;
+/// The most streams per peer or per connection.
+const MAX_STREAMS: u64 = 4_096;
+/// The longest queue (`command_capacity`, `event_capacity`, `inbound_stream_capacity`,
+/// `control_capacity`): each is allocated up front, and a queue this long already holds
+/// minutes of work.
+const MAX_QUEUE: u64 = 65_536;
+/// The largest QUIC receive window, per stream or per connection: 1 GiB.
+const MAX_RECEIVE_WINDOW: u64 = 1 << 30;
+/// The longest timeout or interval, in milliseconds: a day.
+const MAX_MS: u64 = 86_400_000;
 
 /// A [`NetConfig`] whose text has been parsed and whose bounds have been checked.
 #[derive(Debug, Clone)]
@@ -207,127 +219,11 @@ impl NetConfig {
                     .to_owned(),
             ));
         }
+        self.check_settings()?;
         let listen_addrs = parse_addrs("net.listen_addrs", &self.listen_addrs)?;
-        if listen_addrs.is_empty() {
-            return Err(config_error(
-                "net.listen_addrs",
-                "at least one address is needed".to_owned(),
-            ));
-        }
         let bootstrap = parse_addrs("net.bootstrap", &self.bootstrap)?;
-        for (key, value, min) in [
-            ("net.max_connections", u64::from(self.max_connections), 1),
-            (
-                "net.max_connections_per_peer",
-                u64::from(self.max_connections_per_peer),
-                1,
-            ),
-            (
-                "net.max_pending_incoming",
-                u64::from(self.max_pending_incoming),
-                1,
-            ),
-            (
-                "net.max_pending_incoming_per_ip",
-                u64::from(self.max_pending_incoming_per_ip),
-                1,
-            ),
-            (
-                "net.max_incoming_connections_per_ip",
-                u64::from(self.max_incoming_connections_per_ip),
-                1,
-            ),
-            ("net.handshake_timeout_ms", self.handshake_timeout_ms, 100),
-            (
-                "net.ban_after_refusals",
-                u64::from(self.ban_after_refusals),
-                1,
-            ),
-            ("net.ban_backoff_ms", self.ban_backoff_ms, 10),
-            ("net.max_heartbeat_age_ms", self.max_heartbeat_age_ms, 100),
-            (
-                "net.max_inbound_tensor_streams_per_peer",
-                u64::from(self.max_inbound_tensor_streams_per_peer),
-                1,
-            ),
-            (
-                "net.max_streams_per_connection",
-                u64::from(self.max_streams_per_connection),
-                4,
-            ),
-            ("net.auth_timeout_ms", self.auth_timeout_ms, 10),
-            ("net.request_timeout_ms", self.request_timeout_ms, 10),
-            (
-                "net.stream_open_timeout_ms",
-                self.stream_open_timeout_ms,
-                10,
-            ),
-            (
-                "net.tensor_read_timeout_ms",
-                self.tensor_read_timeout_ms,
-                10,
-            ),
-            ("net.frame_timeout_ms", self.frame_timeout_ms, 10),
-            (
-                "net.tensor_write_timeout_ms",
-                self.tensor_write_timeout_ms,
-                10,
-            ),
-            ("net.command_timeout_ms", self.command_timeout_ms, 10),
-            (
-                "net.idle_connection_timeout_ms",
-                self.idle_connection_timeout_ms,
-                100,
-            ),
-            (
-                "net.dht_refresh_interval_ms",
-                self.dht_refresh_interval_ms,
-                100,
-            ),
-            (
-                "net.gossip_mesh_interval_ms",
-                self.gossip_mesh_interval_ms,
-                10,
-            ),
-            ("net.command_capacity", self.command_capacity as u64, 1),
-            ("net.event_capacity", self.event_capacity as u64, 1),
-            (
-                "net.inbound_stream_capacity",
-                self.inbound_stream_capacity as u64,
-                1,
-            ),
-            ("net.control_capacity", self.control_capacity as u64, 1),
-            (
-                "net.quic_stream_receive_window",
-                u64::from(self.quic_stream_receive_window),
-                u64::from(MIN_QUIC_RECEIVE_WINDOW),
-            ),
-            (
-                "net.quic_connection_receive_window",
-                u64::from(self.quic_connection_receive_window),
-                u64::from(self.quic_stream_receive_window),
-            ),
-        ] {
-            if value < min {
-                return Err(config_error(
-                    key,
-                    format!("is {value}; it must be at least {min}"),
-                ));
-            }
-        }
         let frame_limits = FrameLimits::new(self.max_frame_payload)
             .map_err(|e| config_error("net.max_frame_payload", e.to_string()))?;
-        // Room for one whole frame, header included, or no large frame could ever arrive.
-        let one_frame = u64::from(self.max_frame_payload) + HEADER_LEN as u64;
-        if self.max_partial_frame_bytes_per_peer < one_frame {
-            return Err(config_error(
-                "net.max_partial_frame_bytes_per_peer",
-                format!(
-                    "is {}; it must hold one whole frame: at least net.max_frame_payload + {HEADER_LEN} ({one_frame})",
-                    self.max_partial_frame_bytes_per_peer
-                ),
-            ));
-        }
         let control_limits = FrameLimits::new(self.max_control_payload)
             .map_err(|e| config_error("net.max_control_payload", e.to_string()))?;
         Ok(ValidConfig {
@@ -340,6 +236,197 @@ impl NetConfig {
             control_limits,
             raw: self.clone(),
         })
+    }
+
+    /// Checks every key of the `[net]` table (what [`NetConfig::validate`] checks but the
+    /// swarm, authority and invite, which the daemon fills in from elsewhere): addresses
+    /// parse and listen addresses are a transport this layer runs, and every number is
+    /// within its bounds. The error names the key at fault. A config this accepts does not
+    /// fail the network's start for its values (a port taken by another process still can).
+    pub fn check_settings(&self) -> Result<(), NetError> {
+        let listen_addrs = parse_addrs("net.listen_addrs", &self.listen_addrs)?;
+        if listen_addrs.is_empty() {
+            return Err(config_error(
+                "net.listen_addrs",
+                "at least one address is needed".to_owned(),
+            ));
+        }
+        for addr in &listen_addrs {
+            check_listen_addr(addr)?;
+        }
+        parse_addrs("net.bootstrap", &self.bootstrap)?;
+        for (key, value, min, max) in [
+            (
+                "net.max_connections",
+                u64::from(self.max_connections),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.max_connections_per_peer",
+                u64::from(self.max_connections_per_peer),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.max_pending_incoming",
+                u64::from(self.max_pending_incoming),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.max_pending_incoming_per_ip",
+                u64::from(self.max_pending_incoming_per_ip),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.max_incoming_connections_per_ip",
+                u64::from(self.max_incoming_connections_per_ip),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.handshake_timeout_ms",
+                self.handshake_timeout_ms,
+                100,
+                MAX_MS,
+            ),
+            (
+                "net.ban_after_refusals",
+                u64::from(self.ban_after_refusals),
+                1,
+                MAX_COUNT,
+            ),
+            ("net.ban_backoff_ms", self.ban_backoff_ms, 10, MAX_MS),
+            (
+                "net.max_heartbeat_age_ms",
+                self.max_heartbeat_age_ms,
+                100,
+                MAX_MS,
+            ),
+            ("net.frame_timeout_ms", self.frame_timeout_ms, 10, MAX_MS),
+            (
+                "net.max_inbound_tensor_streams_per_peer",
+                u64::from(self.max_inbound_tensor_streams_per_peer),
+                1,
+                MAX_STREAMS,
+            ),
+            (
+                "net.max_streams_per_connection",
+                u64::from(self.max_streams_per_connection),
+                4,
+                MAX_STREAMS,
+            ),
+            ("net.auth_timeout_ms", self.auth_timeout_ms, 10, MAX_MS),
+            (
+                "net.request_timeout_ms",
+                self.request_timeout_ms,
+                10,
+                MAX_MS,
+            ),
+            (
+                "net.stream_open_timeout_ms",
+                self.stream_open_timeout_ms,
+                10,
+                MAX_MS,
+            ),
+            (
+                "net.tensor_read_timeout_ms",
+                self.tensor_read_timeout_ms,
+                10,
+                MAX_MS,
+            ),
+            (
+                "net.tensor_write_timeout_ms",
+                self.tensor_write_timeout_ms,
+                10,
+                MAX_MS,
+            ),
+            (
+                "net.command_timeout_ms",
+                self.command_timeout_ms,
+                10,
+                MAX_MS,
+            ),
+            (
+                "net.idle_connection_timeout_ms",
+                self.idle_connection_timeout_ms,
+                100,
+                MAX_MS,
+            ),
+            (
+                "net.dht_refresh_interval_ms",
+                self.dht_refresh_interval_ms,
+                100,
+                MAX_MS,
+            ),
+            (
+                "net.gossip_mesh_interval_ms",
+                self.gossip_mesh_interval_ms,
+                10,
+                MAX_MS,
+            ),
+            (
+                "net.command_capacity",
+                self.command_capacity as u64,
+                1,
+                MAX_QUEUE,
+            ),
+            (
+                "net.event_capacity",
+                self.event_capacity as u64,
+                1,
+                MAX_QUEUE,
+            ),
+            (
+                "net.inbound_stream_capacity",
+                self.inbound_stream_capacity as u64,
+                1,
+                MAX_QUEUE,
+            ),
+            (
+                "net.control_capacity",
+                self.control_capacity as u64,
+                1,
+                MAX_QUEUE,
+            ),
+            (
+                "net.quic_stream_receive_window",
+                u64::from(self.quic_stream_receive_window),
+                u64::from(MIN_QUIC_RECEIVE_WINDOW),
+                MAX_RECEIVE_WINDOW,
+            ),
+            (
+                "net.quic_connection_receive_window",
+                u64::from(self.quic_connection_receive_window),
+                u64::from(self.quic_stream_receive_window),
+                MAX_RECEIVE_WINDOW,
+            ),
+        ] {
+            if !(min..=max).contains(&value) {
+                return Err(config_error(
+                    key,
+                    format!("is {value}; it must be {min} to {max}"),
+                ));
+            }
+        }
+        FrameLimits::new(self.max_frame_payload)
+            .map_err(|e| config_error("net.max_frame_payload", e.to_string()))?;
+        FrameLimits::new(self.max_control_payload)
+            .map_err(|e| config_error("net.max_control_payload", e.to_string()))?;
+        // Room for one whole frame, header included, or no large frame could ever arrive.
+        let one_frame = u64::from(self.max_frame_payload) + HEADER_LEN as u64;
+        if self.max_partial_frame_bytes_per_peer < one_frame {
+            return Err(config_error(
+                "net.max_partial_frame_bytes_per_peer",
+                format!(
+                    "is {}; it must hold one whole frame: at least net.max_frame_payload + {HEADER_LEN} ({one_frame})",
+                    self.max_partial_frame_bytes_per_peer
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -389,6 +476,29 @@ fn parse_addrs(key: &'static str, addrs: &[String]) -> Result<Vec<Multiaddr>, Ne
                 .map_err(|e| config_error(key, format!("`{text}` is not a multiaddr: {e}")))
         })
         .collect()
+}
+
+/// Refuses a listen address no transport of this layer can listen on: QUIC is
+/// `/ip4|ip6/<address>/udp/<port>/quic-v1`, TCP `/ip4|ip6/<address>/tcp/<port>`.
+fn check_listen_addr(addr: &Multiaddr) -> Result<(), NetError> {
+    use libp2p::multiaddr::Protocol;
+    let parts: Vec<Protocol<'_>> = addr.iter().collect();
+    let ip_first = matches!(parts.first(), Some(Protocol::Ip4(_) | Protocol::Ip6(_)));
+    let transport = matches!(
+        parts.get(1..),
+        Some([Protocol::Tcp(_)] | [Protocol::Udp(_), Protocol::QuicV1])
+    );
+    if ip_first && transport {
+        Ok(())
+    } else {
+        Err(config_error(
+            "net.listen_addrs",
+            format!(
+                "`{addr}` is not an address this peer can listen on; use \
+                 /ip4/<address>/udp/<port>/quic-v1 or /ip4/<address>/tcp/<port> (or /ip6/…)"
+            ),
+        ))
+    }
 }
 
 fn config_error(key: &'static str, reason: String) -> NetError {
@@ -457,6 +567,33 @@ mod tests {
         let mut c = valid();
         c.quic_connection_receive_window = c.quic_stream_receive_window - 1;
         assert_eq!(key_of(&c), Some("net.quic_connection_receive_window"));
+    }
+
+    #[test]
+    fn queues_and_waits_have_upper_bounds_and_listen_addresses_a_transport() {
+        let mut c = valid();
+        c.command_capacity = usize::MAX;
+        assert_eq!(key_of(&c), Some("net.command_capacity"));
+        let mut c = valid();
+        c.event_capacity = 4_000_000_000;
+        assert_eq!(key_of(&c), Some("net.event_capacity"));
+        let mut c = valid();
+        c.idle_connection_timeout_ms = u64::MAX;
+        assert_eq!(key_of(&c), Some("net.idle_connection_timeout_ms"));
+        for bad in [
+            "/ip4/127.0.0.1/udp/0/quic",
+            "/ip4/127.0.0.1/udp/0",
+            "/dns4/example.com/tcp/1",
+            "/ip4/127.0.0.1/tcp/1/p2p-circuit",
+        ] {
+            let mut c = valid();
+            c.listen_addrs = vec![bad.to_owned()];
+            assert_eq!(key_of(&c), Some("net.listen_addrs"), "{bad}");
+            assert!(c.check_settings().is_err(), "{bad}");
+        }
+        let mut c = valid();
+        c.listen_addrs = vec!["/ip6/::1/udp/0/quic-v1".into(), "/ip4/0.0.0.0/tcp/0".into()];
+        c.validate().unwrap_or_else(|e| panic!("{e}"));
     }
 
     #[test]

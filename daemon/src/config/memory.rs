@@ -1,0 +1,149 @@
+//! How much memory a config's model needs, estimated before anything is allocated, so that
+//! `config check` refuses a model this host cannot hold instead of `run` aborting on an
+//! allocation.
+//!
+//! The estimate is deliberately generous; it counts
+//! - the training state: [`STATE_COPIES`] copies of the parameters (the parameters and
+//!   their gradient, in the trainer and in candle's graph; up to two optimizer slots; the
+//!   averaging engine's buffers; the snapshot served to joiners and written to checkpoints);
+//! - the activations one batch keeps for its backward pass (a GPT's per-token blocks,
+//!   attention scores and logits; an MLP's layer outputs), twice over for their gradients.
+//!
+//! It is compared with the memory this host has available (`MemAvailable` in
+//! `/proc/meminfo`).
+
+use std::fmt;
+
+use murmur_trainer::{DataShape, ModelConfig, TaskConfig};
+
+/// Copies of the parameter vector a running peer may hold at once.
+pub(crate) const STATE_COPIES: u64 = 10;
+
+/// Bytes of one `f32`.
+const F32: u64 = 4;
+
+/// The estimate for one config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MemoryEstimate {
+    /// Model parameters.
+    pub(crate) params: u64,
+    /// Bytes of the training state ([`STATE_COPIES`] copies of the parameters).
+    pub(crate) state_bytes: u64,
+    /// Bytes of one batch's activations and their gradients.
+    pub(crate) activation_bytes: u64,
+}
+
+impl MemoryEstimate {
+    /// The whole estimate, in bytes.
+    pub(crate) fn total(&self) -> u64 {
+        self.state_bytes.saturating_add(self.activation_bytes)
+    }
+}
+
+impl fmt::Display for MemoryEstimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "about {} ({} parameters: {} of training state, {} of activations per batch)",
+            Bytes(self.total()),
+            self.params,
+            Bytes(self.state_bytes),
+            Bytes(self.activation_bytes)
+        )
+    }
+}
+
+/// A byte count in MiB or GiB.
+pub(crate) struct Bytes(pub(crate) u64);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const MIB: f64 = (1u64 << 20) as f64;
+        const GIB: f64 = (1u64 << 30) as f64;
+        let bytes = self.0 as f64;
+        if bytes >= GIB {
+            write!(f, "{:.1} GiB", bytes / GIB)
+        } else {
+            write!(f, "{:.1} MiB", bytes / MIB)
+        }
+    }
+}
+
+/// The estimate for `task` with `params` parameters on data of `shape`.
+pub(crate) fn estimate(task: &TaskConfig, shape: DataShape, params: usize) -> MemoryEstimate {
+    let params = params as u64;
+    let batch = task.data.batch_size as u64;
+    let per_sample = match (&task.model, shape) {
+        (ModelConfig::Gpt(gpt), DataShape::Tokens { vocab, context }) => {
+            let width = gpt.width as u64;
+            let tokens = context.min(gpt.context) as u64;
+            let vocab = gpt.vocab.unwrap_or(vocab).max(vocab) as u64;
+            let heads = gpt.heads as u64;
+            let per_block = tokens
+                .saturating_mul(width.saturating_mul(12 + 2 * gpt.mlp_ratio as u64))
+                .saturating_add(heads.saturating_mul(tokens).saturating_mul(tokens) * 2);
+            per_block
+                .saturating_mul(gpt.layers as u64)
+                .saturating_add(tokens.saturating_mul(vocab) * 3)
+        }
+        (ModelConfig::Mlp(mlp), DataShape::Features { width, classes }) => {
+            let hidden: u64 = mlp.hidden.iter().map(|&h| h as u64).sum();
+            (width as u64 + hidden + classes as u64) * 3
+        }
+        // A model and data that do not fit each other were refused before this.
+        _ => 0,
+    };
+    MemoryEstimate {
+        params,
+        state_bytes: params.saturating_mul(STATE_COPIES * F32),
+        activation_bytes: per_sample.saturating_mul(batch).saturating_mul(2 * F32),
+    }
+}
+
+/// The memory this host has available for a new process, from `/proc/meminfo`; `None`
+/// where that cannot be read.
+pub(crate) fn available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+#[cfg(test)]
+mod tests {
+    use murmur_trainer::{GptConfig, TaskPreset};
+
+    use super::*;
+
+    #[test]
+    fn a_64_layer_gpt_of_width_8192_needs_hundreds_of_gib() {
+        let mut task = TaskPreset::default_local();
+        task.model = ModelConfig::Gpt(GptConfig {
+            layers: 64,
+            heads: 64,
+            width: 8192,
+            context: 2048,
+            vocab: None,
+            mlp_ratio: 4,
+        });
+        let shape = DataShape::Tokens {
+            vocab: 256,
+            context: 2048,
+        };
+        let params = 64 * 12 * 8192 * 8192;
+        let estimate = estimate(&task, shape, params);
+        assert!(estimate.state_bytes > 1 << 40, "{estimate}");
+        assert!(estimate.total() > estimate.state_bytes);
+        assert!(estimate.to_string().contains("GiB"), "{estimate}");
+    }
+
+    #[test]
+    fn the_default_task_needs_little() {
+        let task = TaskPreset::default_local();
+        let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
+        let params = crate::config::param_count(&task).expect("a size");
+        let estimate = estimate(&task, shape, params);
+        assert!(estimate.total() < 256 << 20, "{estimate}");
+        assert!(available_bytes().is_some_and(|b| b > 0));
+    }
+}
