@@ -20,6 +20,7 @@ fn config(clip: Option<ClipConfig>) -> ButterflyConfig {
         chunk_timeout_ms: 500,
         reducer_timeout_ms: 750,
         clip,
+        min_group: 3,
         ..ButterflyConfig::default()
     }
 }

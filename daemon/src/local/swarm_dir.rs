@@ -289,6 +289,8 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
             // One round per local step of every peer: the same batch as the sync ring's.
             target_batch: plan.peers as u64 * task.data.batch_size as u64,
             butterfly: ButterflyConfig {
+                // Clipping needs groups of three (`ButterflyConfig::validate`).
+                min_group: if plan.clip.is_some() { 3 } else { 2 },
                 clip: plan.clip.map(|tau| ClipConfig {
                     tau,
                     iterations: 3,

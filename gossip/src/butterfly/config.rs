@@ -162,6 +162,16 @@ impl ButterflyConfig {
             );
         }
         if let Some(clip) = self.clip {
+            // In a pair neither contribution is an outlier to the other, and one flipped
+            // ×1000 gradient inflates the other member's optimizer state until it stops
+            // training: a member that clips averages in groups of three or more, or alone.
+            if self.min_group < 3 {
+                return invalid(
+                    "min_group",
+                    self.min_group.to_string(),
+                    "3 to 256 with clipping on (in a pair, neither member can tell the outlier)",
+                );
+            }
             if !(clip.tau.is_finite() && clip.tau > 0.0) {
                 return invalid("clip.tau", clip.tau.to_string(), "a finite number above 0");
             }
@@ -216,5 +226,36 @@ impl Default for ButterflyConfig {
             max_weight_ratio: 4.0,
             overlap: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clipping_needs_groups_of_three() {
+        let clip = Some(ClipConfig {
+            tau: 1.0,
+            iterations: 3,
+            reject_factor: ClipConfig::DEFAULT_REJECT_FACTOR,
+        });
+        let pairs = ButterflyConfig {
+            clip,
+            ..ButterflyConfig::default()
+        };
+        assert!(matches!(
+            pairs.validate(),
+            Err(ButterflyError::InvalidConfig {
+                key: "min_group",
+                ..
+            })
+        ));
+        let threes = ButterflyConfig {
+            min_group: 3,
+            ..pairs
+        };
+        assert!(threes.validate().is_ok());
+        assert!(ButterflyConfig::default().validate().is_ok());
     }
 }
