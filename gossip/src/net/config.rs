@@ -238,7 +238,7 @@ impl NetConfig {
         })
     }
 
-    /// Checks every key of the `[net]` table (what [`NetConfig::validate`] checks but the
+    /// Checks every key of the `[net]` table (what `NetConfig::validate` checks but the
     /// swarm, authority and invite, which the daemon fills in from elsewhere): addresses
     /// parse and listen addresses are a transport this layer runs, and every number is
     /// within its bounds. The error names the key at fault. A config this accepts does not
