@@ -95,6 +95,13 @@ impl Plan {
         if churn {
             args.extend(["--churn", "--churn-every", "2-5"].map(str::to_owned));
         }
+        // The soak's wall bound was set for butterfly computing while its rounds run. With
+        // `overlap` off (the default since it was found to make gradients stale) each step
+        // also waits for its round, and restarted peers then fall so far behind peer 0 that
+        // they outlive it and lose their only bootstrap address.
+        if self.mode == "butterfly" {
+            args.extend(["--set", "averaging.butterfly.overlap=true"].map(str::to_owned));
+        }
         args
     }
 }
