@@ -8,14 +8,18 @@
 #   # copy the repository and target/gpu-check/bundle to the GPU host, then there:
 #   bash scripts/gpu-check.sh [BUNDLE]           # default target/gpu-check/bundle
 #
-# What runs (each bounded by `timeout`; under a minute on an H100 host):
+# What runs (each bounded by `timeout`; under three minutes on an H100 host):
 #   gpu-tests       murmur-gpu's tests, ignored GPU tests included, with MURMUR_REQUIRE_GPU=1
 #                   and MURMUR_REQUIRE_NVRTC=1 so that none can fall back or skip
 #   trainer-device  the `cuda` build's GPU-against-CPU loss and gradient test (GPT and MLP)
 #   bench-codecs    `murmur bench codecs --device cuda`: the int8 row in the summary
 #   tokens/s        `murmur bench train` on GPU 0 and on one CPU core, same model
+#   mixed-pair      `murmur local`, two peers in SGP with int8 shares on the quality task: one
+#                   on GPU 0 and one on the CPU must end within 1 % of two CPU peers' eval
+#                   loss (a solo run, no averaging, is printed beside them for scale)
 #   run-cuda        `murmur run` with training.device = "cuda": the ready log line, /status
-#                   and /metrics say cuda:0, it trains, and it stops cleanly on SIGINT
+#                   and /metrics say cuda:0, it trains, the murmur_gpu_* metrics are live
+#                   (memory in use, seconds in the passes), and it stops cleanly on SIGINT
 #   run-auto        training.device = "auto" takes cuda:0
 #   run-bad-gpu     training.device = "cuda:63" (no such GPU) exits 2 naming the key
 #
@@ -213,6 +217,59 @@ else
   fail "tokens/s (exit gpu $gpu_status, cpu $cpu_status; $out)"
 fi
 
+# --- mixed-pair: one GPU peer and one CPU peer against two CPU peers ------------------------------
+# Every value of "KEY" in JSON text, in order, unquoted, one per line.
+json_fields() {
+  grep -oE "\"$1\": *(\"[^\"]*\"|[^,}[:space:]]+)" <<<"$2" | sed -E 's/^"[^"]*": *//; s/"//g'
+}
+# The quality task, where a peer alone ends clearly worse than a swarm; every step padded to
+# 50 ms, so that both peers step at the same pace whatever their device. SGP's asynchrony
+# moves one run's loss by about half a percent, so each pair runs three times (a CPU pair
+# beside a mixed one) and the medians are compared.
+pair=(--peers 2 --task quality --codec int8:64 --synthetic-step-ms 50 --json)
+out="$logs/mixed-pair.log"
+# Runs `murmur local` as `name` with the extra flags; its summary goes to $work/name.json.
+pair_run() {
+  local name="$1"
+  shift
+  echo "--- $name: murmur local ${pair[*]} $*" >"$work/$name.log"
+  timeout 240 "$bin/murmur" local "${pair[@]}" --out "$work/$name" "$@" >"$work/$name.json" 2>>"$work/$name.log"
+  cat "$work/$name.json" >>"$work/$name.log"
+}
+# The median of the numbers on stdin.
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+cpu_losses=()
+mixed_losses=()
+devices=""
+for run in 1 2 3; do
+  pair_run "cpu-pair-$run" --mode sgp --set training.device=cpu &
+  pair_run "mixed-pair-$run" --mode sgp --set training.device=cpu --set-peer 0:training.device=cuda &
+  wait
+  cat "$work/cpu-pair-$run.log" "$work/mixed-pair-$run.log" >>"$out"
+  cpu_losses+=("$(json_field final_eval_loss "$(cat "$work/cpu-pair-$run.json")")")
+  mixed_json="$(cat "$work/mixed-pair-$run.json")"
+  mixed_losses+=("$(json_field final_eval_loss "$mixed_json")")
+  devices="$devices $(json_fields device "$mixed_json" | paste -sd, -)"
+done
+pair_run solo --mode none --set training.device=cpu
+cat "$work/solo.log" >>"$out"
+solo_loss="$(json_field final_eval_loss "$(cat "$work/solo.json")")"
+cpu_loss="$(printf '%s\n' "${cpu_losses[@]}" | grep . | median)"
+mixed_loss="$(printf '%s\n' "${mixed_losses[@]}" | grep . | median)"
+valid="$(printf '%s\n' "${cpu_losses[@]}" "${mixed_losses[@]}" "$solo_loss" | grep -c .)"
+if [[ "$valid" -eq 7 && "$devices" == " cuda:0,cpu cuda:0,cpu cuda:0,cpu" ]]; then
+  detail="$(awk -v m="$mixed_loss" -v c="$cpu_loss" -v s="$solo_loss" -v ms="${mixed_losses[*]}" -v cs="${cpu_losses[*]}" 'BEGIN {
+    d = (m - c) / c; if (d < 0) d = -d
+    printf "%s median eval loss %.4f (peers cuda:0,cpu; runs %s) vs %.4f (cpu,cpu; runs %s): %.2f %% apart; solo control %.4f", (d <= 0.01 ? "ok" : "bad"), m, ms, c, cs, 100 * d, s }')"
+  if [[ "$detail" == ok* ]]; then
+    pass "mixed-pair ${detail#ok }"
+  else
+    fail "mixed-pair ${detail#bad } (over 1 %; $out)"
+  fi
+else
+  fail "mixed-pair (losses mixed '${mixed_losses[*]}' cpu '${cpu_losses[*]}' solo '$solo_loss', devices '$devices'; $out)"
+fi
+
 # --- murmur run on the GPU -----------------------------------------------------------------------
 swarm="$work/swarm"
 authority="$("$bin/murmur" swarm new --dir "$swarm" --id gpu-check 2>>"$logs/run-setup.log" |
@@ -312,16 +369,28 @@ else
     code="$peer_code"
     device="$(json_field device "$status_json")"
     step="$(json_field step "$status_json")"
-    ready="$(grep -m 1 -E ' ready .*device=' "$dir/murmur.log")"
+    ready="$(grep -m 1 -E ' ready[;,]? .*device=' "$dir/murmur.log")"
+    gpu_used="$(sed -nE 's/^murmur_gpu_memory_used_bytes ([0-9.e+]+).*/\1/p' <<<"$metrics")"
+    gpu_total="$(sed -nE 's/^murmur_gpu_memory_total_bytes ([0-9.e+]+).*/\1/p' <<<"$metrics")"
+    gpu_passes="$(sed -nE 's/^murmur_gpu_kernel_seconds_total\{kernel="forward_backward"\} ([0-9.e+-]+).*/\1/p' <<<"$metrics")"
+    gpu_live="$(awk -v u="${gpu_used:-0}" -v t="${gpu_total:-0}" -v k="${gpu_passes:-0}" 'BEGIN { print (u > 0 && t >= u && k > 0) ? "yes" : "no" }')"
+    # Every murmur_gpu_* metric the dashboards' GPU panels name must be on the page (the
+    # CPU swarms of `prometheus_real` cannot feed those panels).
+    for name in $(grep -ohE 'murmur_gpu_[a-z_]+' "$repo"/dashboards/grafana/*.json | sort -u); do
+      if ! grep -qE "^$name[{ ]" <<<"$metrics"; then
+        gpu_live="no (dashboards name $name, not exported)"
+      fi
+    done
     if [[ "$device" == "cuda:0" && "${step:-0}" -gt 0 && "$ready" == *"device=cuda:0"* &&
-      "$metrics" == *'murmur_training_device_info{device="cuda:0"} 1'* && "$code" == 0 ]]; then
-      pass "run-cuda ready line, /status and /metrics say cuda:0; step $step after 5 s; clean exit on SIGINT"
+      "$metrics" == *'murmur_training_device_info{device="cuda:0"} 1'* && "$gpu_live" == yes && "$code" == 0 ]]; then
+      pass "$(awk -v s="$step" -v u="$gpu_used" -v t="$gpu_total" -v k="$gpu_passes" 'BEGIN {
+        printf "run-cuda ready line, /status and /metrics say cuda:0; step %d after 5 s; GPU memory %.2f of %.1f GiB, %.2f s in forward_backward; clean exit on SIGINT", s, u / 2^30, t / 2^30, k }')"
     else
-      fail "run-cuda (status device '${device}' step '${step}', exit '$code'; $logs/run-cuda.log)"
+      fail "run-cuda (status device '${device}' step '${step}', GPU metrics used '${gpu_used}' total '${gpu_total}' passes '${gpu_passes}' live '${gpu_live}', exit '$code'; $logs/run-cuda.log)"
     fi
   fi
   cp "$dir/murmur.log" "$logs/run-cuda.log" 2>/dev/null
-  { echo "--- /status"; echo "${status_json:-}"; echo "--- /metrics (murmur_training_*)"; grep '^murmur_training' <<<"${metrics:-}"; } >>"$logs/run-cuda.log"
+  { echo "--- /status"; echo "${status_json:-}"; echo "--- /metrics (murmur_training_*, murmur_gpu_*)"; grep -E '^murmur_(training|gpu)' <<<"${metrics:-}"; } >>"$logs/run-cuda.log"
 
   # run-auto: `auto` takes the GPU when the build and host have one.
   dir="$(make_peer auto auto)"
@@ -330,7 +399,7 @@ else
   stop_peer
   code="$peer_code"
   cp "$dir/murmur.log" "$logs/run-auto.log" 2>/dev/null
-  if [[ -n "$addr" && "$code" == 0 ]] && grep -qE ' ready .*device=cuda:0' "$dir/murmur.log" && ! grep -q 'training on the CPU' "$dir/murmur.log"; then
+  if [[ -n "$addr" && "$code" == 0 ]] && grep -qE ' ready[;,]? .*device=cuda:0' "$dir/murmur.log" && ! grep -q 'training on the CPU' "$dir/murmur.log"; then
     pass "run-auto training.device = \"auto\" took cuda:0"
   else
     fail "run-auto (exit '$code'; $logs/run-auto.log)"

@@ -36,6 +36,19 @@ fn bad_flags_exit_2_naming_the_flag() {
         (vec!["--set", "averaging.sgp.out_degree=two"], "--set"),
         (vec!["--set", "averaging.mode=none"], "--mode"),
         (vec!["--set", "no-equals-sign"], "--set"),
+        (
+            vec!["--set-peer", "4:averaging.sgp.out_degree=2"],
+            "--set-peer 4:averaging.sgp.out_degree=2: `4` is not a peer",
+        ),
+        (
+            vec!["--set-peer", "1:averaging.sgp.out_degree=99"],
+            "(peer 1)",
+        ),
+        (
+            vec!["--set-peer", "averaging.sgp.out_degree=2"],
+            "--set-peer",
+        ),
+        (vec!["--set-peer", "0:training.steps=5"], "--steps"),
     ] {
         let mut all = args.clone();
         all.extend(["--out", out]);
@@ -261,4 +274,39 @@ fn set_changes_what_the_peers_run() {
         bytes(&two),
         bytes(&one)
     );
+}
+
+/// `--set-peer` reaches one peer's config only: with peer 0's SGP out-degree at 2 it pushes
+/// two shares a step and sends about twice what each other peer sends, and every peer says
+/// where it trained.
+#[test]
+fn set_peer_changes_one_peer_only() {
+    let summary = local_summary(&[
+        "--peers",
+        "3",
+        "--steps",
+        "20",
+        "--mode",
+        "sgp",
+        "--codec",
+        "f32",
+        "--set-peer",
+        "0:averaging.sgp.out_degree=2",
+    ]);
+    let peers = summary["peer_results"].as_array().unwrap();
+    let sent: Vec<f64> = peers
+        .iter()
+        .map(|p| p["bytes_sent"].as_f64().unwrap())
+        .collect();
+    assert!(
+        sent[0] > 1.5 * sent[1] && sent[0] > 1.5 * sent[2],
+        "peer 0 (out_degree 2) sent {sent:?}"
+    );
+    assert!(
+        sent[1] < 1.3 * sent[2] && sent[2] < 1.3 * sent[1],
+        "peers 1 and 2 (out_degree 1) sent {sent:?}"
+    );
+    for p in peers {
+        assert_eq!(p["device"], "cpu", "{p}");
+    }
 }

@@ -6,8 +6,10 @@
 //! variables, which are substituted as Grafana would (the swarm's id, and one peer's id or
 //! every peer). Through Prometheus' HTTP API, every PromQL expression of every panel that is
 //! meant for the swarm's mode must return data, and every one that is not (a panel joined on
-//! `murmur_build_info{mode="sgp"}` in a butterfly swarm, say) must return none; every
-//! metric a dashboard names must be one the daemons export; `promtool check metrics` must
+//! `murmur_build_info{mode="sgp"}` in a butterfly swarm, or on
+//! `murmur_training_device_info{device!="cpu"}` in these CPU swarms) must return none; every
+//! metric a dashboard names must be one the daemons export (the GPU panels' metrics:
+//! `scripts/gpu-check.sh` checks them on a GPU host); `promtool check metrics` must
 //! find nothing to say about any daemon's page, and `promtool check config` must accept the
 //! example `dashboards/prometheus.yml`. Then one peer is killed with SIGKILL and the
 //! survivors' `/status` and `/metrics` must show it gone, and their rounds' outcomes change,
@@ -289,26 +291,46 @@ fn substitute(expr: &str, choice: &Choice) -> String {
         .replace("$peer", &choice.peer)
 }
 
-/// Whether `expr` is meant for a swarm in `mode`: every `mode="…"` and `mode!="…"` matcher
-/// it holds (the dashboards put them on their `murmur_build_info` join) accepts `mode`.
+/// Where the peers of the swarms here train.
+const SWARM_DEVICE: &str = "cpu";
+
+/// Whether `expr` is meant for a swarm in `mode` on the CPU: every `mode="…"` and
+/// `mode!="…"` matcher it holds (the dashboards put them on their `murmur_build_info` join)
+/// accepts `mode`, and every `device` matcher (on a `murmur_training_device_info` join)
+/// accepts `cpu`.
 fn meant_for(expr: &str, mode: &str) -> bool {
+    matchers_accept(expr, "mode", mode) && matchers_accept(expr, "device", SWARM_DEVICE)
+}
+
+/// Whether `expr` is meant for a GPU peer in one of the checked modes: the GPU panels,
+/// which no swarm here can feed. `scripts/gpu-check.sh` checks on a GPU host that a peer
+/// training on the GPU exports every metric they name.
+fn meant_for_gpu(expr: &str) -> bool {
+    CHECKED_MODES
+        .iter()
+        .any(|mode| matchers_accept(expr, "mode", mode))
+        && matchers_accept(expr, "device", "cuda:0")
+}
+
+/// Whether every `label="…"` and `label!="…"` matcher in `expr` accepts `value`.
+fn matchers_accept(expr: &str, label: &str, value: &str) -> bool {
     let mut rest = expr;
-    while let Some(at) = rest.find("mode") {
+    while let Some(at) = rest.find(label) {
         let before = rest[..at].chars().next_back();
-        let after = &rest[at + "mode".len()..];
+        let after = &rest[at + label.len()..];
         rest = after;
         if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
             continue;
         }
-        let (equal, value) = if let Some(v) = after.strip_prefix("=\"") {
+        let (equal, quoted) = if let Some(v) = after.strip_prefix("=\"") {
             (true, v)
         } else if let Some(v) = after.strip_prefix("!=\"") {
             (false, v)
         } else {
             continue;
         };
-        let value = value.split('"').next().unwrap_or_default();
-        if (value == mode) != equal {
+        let wanted = quoted.split('"').next().unwrap_or_default();
+        if (wanted == value) != equal {
             return false;
         }
     }
@@ -370,10 +392,11 @@ fn every_dashboard_query_is_filtered_by_swarm_and_peer_and_checked_in_some_mode(
         if !CHECKED_MODES
             .iter()
             .any(|mode| meant_for(&query.expr, mode))
+            && !meant_for_gpu(&query.expr)
         {
             let _ = writeln!(
                 problems,
-                "{}: meant for none of {CHECKED_MODES:?}: {}",
+                "{}: meant for none of {CHECKED_MODES:?}, on the CPU or a GPU: {}",
                 query.origin, query.expr
             );
         }
@@ -401,6 +424,10 @@ fn every_dashboard_query_is_filtered_by_swarm_and_peer_and_checked_in_some_mode(
     assert!(meant_for(sgp_only, "sgp") && !meant_for(sgp_only, "butterfly"));
     assert!(!meant_for(rounds_only, "sgp") && meant_for(rounds_only, "butterfly"));
     assert!(meant_for("sum by (mode) (rate(x[1m]))", "sgp"));
+    let gpu_only = r#"x and on (job, instance) murmur_training_device_info{device!="cpu"}"#;
+    assert!(!meant_for(gpu_only, "sgp") && meant_for_gpu(gpu_only));
+    let cpu_only = r#"x and on (job, instance) murmur_training_device_info{device="cpu"}"#;
+    assert!(meant_for(cpu_only, "sgp") && !meant_for_gpu(cpu_only));
 }
 
 #[test]

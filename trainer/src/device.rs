@@ -51,6 +51,36 @@ impl TrainerDevice {
     }
 }
 
+/// Device memory of an opened device, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Bytes in use, by this process and every other on the device.
+    pub used: u64,
+    /// Bytes in all.
+    pub total: u64,
+}
+
+/// The memory of `device` now: `None` for the CPU, and when the driver does not answer.
+/// One driver call (`cuMemGetInfo`), cheap enough to make after every training step.
+pub fn device_memory(device: &Device) -> Option<DeviceMemory> {
+    cuda_memory(device)
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_memory(device: &Device) -> Option<DeviceMemory> {
+    let cuda = device.as_cuda_device().ok()?;
+    let (free, total) = cuda.cuda_stream().context().mem_get_info().ok()?;
+    Some(DeviceMemory {
+        used: total.saturating_sub(free) as u64,
+        total: total as u64,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_memory(_device: &Device) -> Option<DeviceMemory> {
+    None
+}
+
 #[cfg(feature = "cuda")]
 fn open_cuda(ordinal: usize) -> Result<Device, DeviceError> {
     // candle links the CUDA libraries (cudarc's `dynamic-linking`), so a process that started
@@ -162,6 +192,7 @@ mod tests {
     #[test]
     fn the_cpu_always_opens() {
         assert!(TrainerDevice::Cpu.open().is_ok_and(|d| d.is_cpu()));
+        assert_eq!(device_memory(&Device::Cpu), None);
         let (device, reason) = TrainerDevice::Cpu.open_or_cpu();
         assert!(device.is_cpu() && reason.is_none());
     }

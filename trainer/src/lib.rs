@@ -50,7 +50,7 @@ mod threads;
 
 pub use batch::{Batch, BatchInputs};
 pub use data::{DataConfig, DataSource, Dataset, PeerSampling, open_dataset};
-pub use device::TrainerDevice;
+pub use device::{DeviceMemory, TrainerDevice, device_memory};
 pub use error::{ConfigError, DataError, DeviceError, ExportError, TrainerError};
 pub use export::export_safetensors;
 pub use layout::{Init, ParamLayout, TensorSpec};

@@ -91,6 +91,33 @@ fn gpu_zero_matches_the_cpu() {
     }
 }
 
+/// GPU 0's memory is readable, and a model's parameters on it show in what is used.
+#[test]
+#[ignore = "needs a CUDA GPU and the cuda build: scripts/gpu-check.sh runs it"]
+fn gpu_memory_is_reported_and_moves_with_allocations() {
+    let gpu = TrainerDevice::Cuda(0)
+        .open()
+        .unwrap_or_else(|e| panic!("this test reads GPU 0's memory and cannot open it: {e}"));
+    let before = murmur_trainer::device_memory(&gpu).expect("GPU 0 reports its memory");
+    assert!(
+        before.total > 0 && before.used <= before.total,
+        "{before:?}"
+    );
+    // 256 MiB of f32 on the device.
+    let held = candle_core::Tensor::zeros(64 << 20, candle_core::DType::F32, &gpu)
+        .expect("allocates 256 MiB on GPU 0");
+    gpu.synchronize().expect("GPU 0 finishes its work");
+    let after = murmur_trainer::device_memory(&gpu).expect("GPU 0 reports its memory");
+    assert_eq!(after.total, before.total);
+    assert!(
+        after.used >= before.used + (200 << 20),
+        "256 MiB allocated, used went from {} to {} bytes",
+        before.used,
+        after.used
+    );
+    drop(held);
+}
+
 /// The CPU build refuses a GPU with an error that says how to get a GPU build.
 #[cfg(not(feature = "cuda"))]
 #[test]

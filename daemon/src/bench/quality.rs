@@ -166,6 +166,7 @@ fn run_one(
         clip: None,
         fault: Vec::new(),
         set: Vec::new(),
+        set_peer: Vec::new(),
     };
     let plan = LocalPlan::from_args(&local)?;
     let (summary, readings) = run_quietly(&plan)?;

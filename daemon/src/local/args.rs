@@ -88,6 +88,10 @@ pub(crate) struct LocalArgs {
     /// Repeatable.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     pub(crate) set: Vec<String>,
+    /// `PEER:KEY=VALUE`: set a config key in peer PEER's config only (0-based), after every
+    /// `--set`, e.g. `0:training.device=cuda` for one GPU peer among CPU peers. Repeatable.
+    #[arg(long = "set-peer", value_name = "PEER:KEY=VALUE")]
+    pub(crate) set_peer: Vec<String>,
     /// Test only: `PEER:SPEC` runs peer PEER with `MURMUR_TEST_FAULT=SPEC` (`flip:S` sends
     /// gradients as −S × themselves, `inflate:K` declares K × the samples). Repeatable.
     #[arg(long, value_name = "PEER:SPEC", hide = true)]
@@ -126,7 +130,8 @@ pub(crate) struct LocalPlan {
     pub(crate) clip: Option<f32>,
     /// Peers run with the test-only fault switch, and its value.
     pub(crate) faults: Vec<(usize, String)>,
-    /// `--set` overrides, applied to every peer's config in order.
+    /// `--set` overrides, applied to every peer's config in order, then the `--set-peer`
+    /// ones, each to its peer's.
     pub(crate) overrides: Vec<Override>,
 }
 
@@ -212,6 +217,11 @@ impl LocalPlan {
                 .set
                 .iter()
                 .map(|text| Override::parse(text))
+                .chain(
+                    args.set_peer
+                        .iter()
+                        .map(|text| Override::parse_for_peer(text, args.peers)),
+                )
                 .collect::<Result<_, _>>()?,
         };
         super::swarm_dir::check_overrides(&plan)?;
@@ -338,6 +348,7 @@ mod tests {
             clip: None,
             fault: Vec::new(),
             set: Vec::new(),
+            set_peer: Vec::new(),
         }
     }
 

@@ -33,6 +33,9 @@ pub(crate) struct Ready {
     pub(crate) initial_eval_loss: Option<f64>,
     #[serde(default)]
     pub(crate) loss_floor: Option<f64>,
+    /// Where it trains: `cpu` or `cuda:N`.
+    #[serde(default)]
+    pub(crate) device: Option<String>,
 }
 
 /// The `progress` event.

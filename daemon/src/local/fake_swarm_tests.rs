@@ -58,6 +58,7 @@ fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
         clip: None,
         fault: Vec::new(),
         set: Vec::new(),
+        set_peer: Vec::new(),
     })
     .unwrap()
 }

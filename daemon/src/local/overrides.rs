@@ -1,6 +1,8 @@
 //! `murmur local --set KEY=VALUE`: any key of the daemon's config, set in every peer's
 //! config file, so a local swarm can try a setting that has no flag of its own (an SGP
-//! out-degree, a butterfly window, a learning rate).
+//! out-degree, a butterfly window, a learning rate). `--set-peer PEER:KEY=VALUE` sets it
+//! in one peer's file only (a mixed swarm: one peer on a GPU, the others on the CPU); it
+//! applies after every `--set`.
 //!
 //! Keys with a flag of their own (`--mode`, `--codec`, `--steps`, ...) are refused: the
 //! summary reports the flags. A key the schema does not know, a value of the wrong kind, or a value out of
@@ -24,11 +26,13 @@ const FLAG_KEYS: [(&str, &str); 6] = [
     ("training.synthetic_step_ms", "--synthetic-step-ms"),
 ];
 
-/// One `--set KEY=VALUE`, parsed.
+/// One `--set KEY=VALUE` or `--set-peer PEER:KEY=VALUE`, parsed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Override {
-    /// The flag as given, for messages.
+    /// The flag and its value as given, for messages: `--set a.b=1`.
     text: String,
+    /// The one peer it applies to (`--set-peer`), or every peer.
+    peer: Option<usize>,
     /// The dotted key, split: `["averaging", "sgp", "out_degree"]`.
     path: Vec<String>,
     value: toml::Value,
@@ -39,21 +43,46 @@ impl Override {
     /// `[1, 2]`); text that is not one is taken as a string, so `averaging.codec=int8:64`
     /// needs no quotes.
     pub(crate) fn parse(text: &str) -> Result<Override, BadInput> {
+        Override::parse_as(text, format!("--set {text}"), None)
+    }
+
+    /// Parses `PEER:KEY=VALUE`, for peer PEER (0-based) of `peers` only.
+    pub(crate) fn parse_for_peer(text: &str, peers: usize) -> Result<Override, BadInput> {
+        let flag = format!("--set-peer {text}");
+        let Some((peer, setting)) = text.split_once(':') else {
+            return Err(BadInput(format!(
+                "{flag}: expected PEER:KEY=VALUE, e.g. 0:training.device=cuda"
+            )));
+        };
+        let peer = match peer.trim().parse::<usize>() {
+            Ok(peer) if peer < peers => peer,
+            _ => {
+                return Err(BadInput(format!(
+                    "{flag}: `{peer}` is not a peer: give a number from 0 to {}",
+                    peers.saturating_sub(1)
+                )));
+            }
+        };
+        Override::parse_as(setting, flag, Some(peer))
+    }
+
+    /// Parses `KEY=VALUE`; `flag` is the flag and its value as given, for messages.
+    fn parse_as(text: &str, flag: String, peer: Option<usize>) -> Result<Override, BadInput> {
         let Some((key, value)) = text.split_once('=') else {
             return Err(BadInput(format!(
-                "--set {text}: expected KEY=VALUE, e.g. averaging.sgp.out_degree=2"
+                "{flag}: expected KEY=VALUE, e.g. averaging.sgp.out_degree=2"
             )));
         };
         let key = key.trim();
         let path: Vec<String> = key.split('.').map(|part| part.trim().to_owned()).collect();
         if path.iter().any(String::is_empty) {
             return Err(BadInput(format!(
-                "--set {text}: `{key}` is not a dotted config key, e.g. averaging.sgp.out_degree"
+                "{flag}: `{key}` is not a dotted config key, e.g. averaging.sgp.out_degree"
             )));
         }
-        if let Some((_, flag)) = FLAG_KEYS.iter().find(|(k, _)| *k == key) {
+        if let Some((_, own)) = FLAG_KEYS.iter().find(|(k, _)| *k == key) {
             return Err(BadInput(format!(
-                "--set {text}: `{key}` has its own flag: use {flag}"
+                "{flag}: `{key}` has its own flag: use {own}"
             )));
         }
         let value = value.trim();
@@ -64,28 +93,44 @@ impl Override {
             Err(_) => toml::Value::String(value.to_owned()),
         };
         Ok(Override {
-            text: text.to_owned(),
+            text: flag,
+            peer,
             path,
             value,
         })
     }
 
-    /// The flag as given.
+    /// The flag and its value as given.
     pub(crate) fn text(&self) -> &str {
         &self.text
     }
+
+    /// The one peer this override is for, if any.
+    pub(crate) fn peer(&self) -> Option<usize> {
+        self.peer
+    }
+
+    /// Whether it applies to peer `index`.
+    fn applies_to(&self, index: usize) -> bool {
+        self.peer.is_none_or(|peer| peer == index)
+    }
 }
 
-/// `config` with every override set, in order. Each is checked as `murmur run` would
-/// check the file: unknown keys and wrong kinds by the schema, ranges by
+/// Peer `index`'s `config` with every override for it set, in order. Each is checked as
+/// `murmur run` would check the file: unknown keys and wrong kinds by the schema, ranges by
 /// [`check`]. The error names the flag.
-pub(crate) fn apply(config: Config, overrides: &[Override]) -> Result<Config, BadInput> {
+pub(crate) fn apply(
+    config: Config,
+    overrides: &[Override],
+    index: usize,
+) -> Result<Config, BadInput> {
+    let overrides: Vec<&Override> = overrides.iter().filter(|o| o.applies_to(index)).collect();
     if overrides.is_empty() {
         return Ok(config);
     }
     let mut table = toml::Table::try_from(&config)
         .map_err(|e| BadInput(format!("--set: the peer config does not serialize: {e}")))?;
-    for o in overrides {
+    for o in &overrides {
         set(&mut table, o)?;
     }
     let text = toml::to_string(&table)
@@ -93,10 +138,10 @@ pub(crate) fn apply(config: Config, overrides: &[Override]) -> Result<Config, Ba
     let config: Config = toml::from_str(&text).map_err(|e| {
         let names = overrides
             .iter()
-            .map(Override::text)
+            .map(|o| o.text())
             .collect::<Vec<_>>()
-            .join(" --set ");
-        BadInput(format!("--set {names}: {}", e.message()))
+            .join(" ");
+        BadInput(format!("{names}: {}", e.message()))
     })?;
     check(&config, &Locator::new(Path::new("--set"), &text)).map_err(|e| {
         // The error places the key in the generated text ("--set:LINE: key = value: why");
@@ -105,7 +150,12 @@ pub(crate) fn apply(config: Config, overrides: &[Override]) -> Result<Config, Ba
         let detail = said
             .split_once(": ")
             .map_or(said.as_str(), |(_, rest)| rest);
-        BadInput(format!("--set: {detail}"))
+        let flag = if overrides.iter().any(|o| o.peer.is_some()) {
+            format!("--set/--set-peer (peer {index})")
+        } else {
+            "--set".to_owned()
+        };
+        BadInput(format!("{flag}: {detail}"))
     })?;
     Ok(config)
 }
@@ -114,7 +164,7 @@ pub(crate) fn apply(config: Config, overrides: &[Override]) -> Result<Config, Ba
 fn set(table: &mut toml::Table, o: &Override) -> Result<(), BadInput> {
     let (last, parents) = o.path.split_last().ok_or_else(|| {
         // `parse` never yields an empty path; this guards a hand-built one.
-        BadInput(format!("--set {}: no key", o.text))
+        BadInput(format!("{}: no key", o.text))
     })?;
     let mut at = table;
     for (depth, part) in parents.iter().enumerate() {
@@ -125,7 +175,7 @@ fn set(table: &mut toml::Table, o: &Override) -> Result<(), BadInput> {
             toml::Value::Table(inner) => inner,
             _ => {
                 return Err(BadInput(format!(
-                    "--set {}: `{}` is a value, not a section",
+                    "{}: `{}` is a value, not a section",
                     o.text,
                     o.path[..=depth].join(".")
                 )));
@@ -152,6 +202,26 @@ mod tests {
         assert_eq!(value("a.b=\"f32\""), toml::Value::String("f32".into()));
         assert_eq!(value("a.b=int8:64"), toml::Value::String("int8:64".into()));
         assert_eq!(Override::parse("a.b.c=1").unwrap().path, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_peer_override_names_one_peer_of_the_swarm() {
+        let o = Override::parse_for_peer("1:training.device=cuda", 2).unwrap();
+        assert_eq!(o.peer(), Some(1));
+        assert!(o.applies_to(1) && !o.applies_to(0));
+        assert_eq!(o.value, toml::Value::String("cuda".into()));
+        assert_eq!(o.text(), "--set-peer 1:training.device=cuda");
+        assert!(Override::parse("a.b=1").unwrap().applies_to(7));
+        for bad in [
+            "2:a.b=1",
+            "x:a.b=1",
+            "a.b=1",
+            ":a.b=1",
+            "0:averaging.mode=none",
+        ] {
+            let e = Override::parse_for_peer(bad, 2).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("--set-peer {bad}: ")), "{e}");
+        }
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub(crate) struct PeerRecord {
     pub(crate) initial_eval_loss: Option<f64>,
     pub(crate) loss_floor: Option<f64>,
     pub(crate) params: Option<u64>,
+    /// Where it trains (`cpu`, `cuda:0`), from its last `ready`.
+    pub(crate) device: Option<String>,
     /// Peer 0's listen addresses, the others' bootstrap.
     pub(crate) listen: Vec<String>,
     /// Whether the current run of the peer printed `ready`.
@@ -135,6 +137,9 @@ impl PeerRecord {
                 self.initial_eval_loss = self.initial_eval_loss.or(r.initial_eval_loss);
                 self.loss_floor = r.loss_floor.or(self.loss_floor);
                 self.params = r.params.or(self.params);
+                if r.device.is_some() {
+                    self.device.clone_from(&r.device);
+                }
                 self.listen.clone_from(&r.listen);
                 self.eval_loss = self.eval_loss.or(r.initial_eval_loss);
                 let eval_loss = r.initial_eval_loss?;

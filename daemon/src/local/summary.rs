@@ -62,6 +62,8 @@ pub(crate) struct PeerSummary {
     pub(crate) status: &'static str,
     pub(crate) error: Option<String>,
     pub(crate) log: String,
+    /// Where it trained: `cpu` or `cuda:N`.
+    pub(crate) device: Option<String>,
     pub(crate) slowdown: f64,
     pub(crate) steps: u64,
     pub(crate) samples: u64,
@@ -165,6 +167,7 @@ impl Summary {
                         .get(r.index)
                         .map(|p| p.display().to_string())
                         .unwrap_or_default(),
+                    device: r.device.clone(),
                     slowdown: plan.slowdown(r.index),
                     steps: r.step,
                     samples: totals.samples,
@@ -368,6 +371,7 @@ mod tests {
             clip: None,
             fault: Vec::new(),
             set: Vec::new(),
+            set_peer: Vec::new(),
         })
         .unwrap()
     }

@@ -133,7 +133,7 @@ impl SwarmDir {
             bootstrap,
             cpu_threads: cpu_threads_per_peer(plan.peers),
         });
-        Ok(overrides::apply(config, &plan.overrides)?)
+        Ok(overrides::apply(config, &plan.overrides, index)?)
     }
 
     /// Writes `config` as peer `index`'s config file.
@@ -203,8 +203,8 @@ fn cpu_threads_per_peer(peers: usize) -> usize {
     (cores / peers.max(1)).max(1)
 }
 
-/// Checks `plan`'s `--set` overrides against a peer config before anything is created, so
-/// a bad one is refused before any peer starts.
+/// Checks `plan`'s `--set` and `--set-peer` overrides against the peer configs they change
+/// before anything is created, so a bad one is refused before any peer starts.
 pub(crate) fn check_overrides(plan: &LocalPlan) -> Result<(), BadInput> {
     if plan.overrides.is_empty() {
         return Ok(());
@@ -212,14 +212,22 @@ pub(crate) fn check_overrides(plan: &LocalPlan) -> Result<(), BadInput> {
     let authority = Keypair::generate()
         .map_err(|e| BadInput(format!("--set: no key to check the overrides with: {e}")))?
         .peer_id();
-    let config = peer_config(&PeerConfig {
-        plan,
-        index: 0,
-        authority: &authority,
-        bootstrap: &[],
-        cpu_threads: 1,
-    });
-    overrides::apply(config, &plan.overrides).map(drop)
+    // Peer 0 stands for every peer without an override of its own.
+    let mut indices: Vec<usize> = plan.overrides.iter().filter_map(|o| o.peer()).collect();
+    indices.push(0);
+    indices.sort_unstable();
+    indices.dedup();
+    for index in indices {
+        let config = peer_config(&PeerConfig {
+            plan,
+            index,
+            authority: &authority,
+            bootstrap: &[],
+            cpu_threads: 1,
+        });
+        overrides::apply(config, &plan.overrides, index)?;
+    }
+    Ok(())
 }
 
 /// What goes into one peer's config file.
@@ -368,6 +376,7 @@ mod tests {
             clip: None,
             fault: Vec::new(),
             set: Vec::new(),
+            set_peer: Vec::new(),
         })
         .unwrap()
     }
@@ -510,6 +519,7 @@ mod tests {
             clip: None,
             fault: Vec::new(),
             set: Vec::new(),
+            set_peer: Vec::new(),
         })
         .unwrap();
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), plan.peers).unwrap();

@@ -1,4 +1,4 @@
-//! [`GpuMetrics`]: device memory and kernel time, registered only when a GPU backend runs.
+//! [`GpuMetrics`]: device memory and device time, registered only when a GPU does work.
 
 use prometheus::{CounterVec, IntGauge, Opts, Registry};
 
@@ -6,7 +6,7 @@ use super::ObserveError;
 use super::registry::{named, register};
 use super::training::saturating_i64;
 
-/// The `murmur_gpu_*` metrics. A no-op on hosts without a GPU backend (see
+/// The `murmur_gpu_*` metrics. A no-op on hosts without a GPU at work (see
 /// [`MetricsOptions::gpu`](super::MetricsOptions::gpu)) and when disabled.
 #[derive(Debug, Clone)]
 pub(crate) struct GpuMetrics {
@@ -27,7 +27,9 @@ impl GpuMetrics {
         let name = "murmur_gpu_memory_total_bytes";
         let memory_total = named(name, IntGauge::new(name, "Device memory in all."))?;
         let name = "murmur_gpu_kernel_seconds_total";
-        let help = "Device time spent in each communication kernel.";
+        let help = "Seconds of device work, by kind: forward_backward (a training step's \
+                    passes, with the parameter upload and gradient download) or a communication \
+                    kernel.";
         let kernel_seconds = named(name, CounterVec::new(Opts::new(name, help), &["kernel"]))?;
         let inner = Inner {
             memory_used,
@@ -52,7 +54,7 @@ impl GpuMetrics {
         }
     }
 
-    /// `kernel` (a fixed name such as `encode` or `decode_accumulate`) ran on the device for
+    /// `kernel` (a fixed name such as `forward_backward` or `encode`) ran on the device for
     /// `seconds`. Call once per batch of launches, not per launch: it looks the series up by
     /// its label.
     pub(crate) fn record_kernel_time(&self, kernel: &'static str, seconds: f64) {

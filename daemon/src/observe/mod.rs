@@ -74,9 +74,9 @@
 //! | `murmur_process_resident_memory_bytes` | gauge | | resident set size (`/proc/self/status` `VmRSS`) |
 //! | `murmur_process_cpu_seconds_total` | counter | | user + system CPU time, all threads |
 //! | `murmur_process_open_fds` | gauge | | open file descriptors |
-//! | `murmur_gpu_memory_used_bytes` | gauge | | device memory in use (only with a GPU backend) |
-//! | `murmur_gpu_memory_total_bytes` | gauge | | device memory in all (only with a GPU backend) |
-//! | `murmur_gpu_kernel_seconds_total` | counter | kernel | device time spent in each communication kernel (only with a GPU backend) |
+//! | `murmur_gpu_memory_used_bytes` | gauge | | device memory in use, read after each training step (only when training on a GPU) |
+//! | `murmur_gpu_memory_total_bytes` | gauge | | device memory in all (only when training on a GPU) |
+//! | `murmur_gpu_kernel_seconds_total` | counter | kernel | seconds of device work: `forward_backward` is each step's passes with the parameter upload and gradient download (only when training on a GPU) |
 //!
 //! The `murmur_net_*` counters without a `codec` label and the throughput gauges are read
 //! from the network layer's own counters when `/metrics` is scraped, once
@@ -89,8 +89,8 @@
 //! takes an uncontended lock to merge its interval into the busy time, and a step one on the
 //! status board; [`Metrics::disabled`] makes them no-ops for measuring that cost.
 
-// Not yet driven by the run loop: the GPU gauges (no GPU backend in `murmur run` yet), the
-// per-codec byte counters, the consensus-drift gauge and `Metrics::disabled` (for the
+// Not yet driven by the run loop: the GPU kernel-time labels of the communication kernels
+// (averaging runs on the CPU), the per-codec byte counters, the consensus-drift gauge and `Metrics::disabled` (for the
 // overhead benchmark). Their tests exercise them.
 #![cfg_attr(
     not(test),
@@ -117,6 +117,7 @@ mod training;
 
 pub(crate) use averaging::{Refusal, RoundOutcome, RoundSummary};
 pub(crate) use control::ControlToken;
+pub(crate) use gpu::GpuMetrics;
 pub(crate) use http::{HttpLimits, serve};
 pub(crate) use logging::{LogFormat, init_logging};
 pub(crate) use registry::{Metrics, MetricsOptions};

@@ -20,7 +20,7 @@ use super::training::TrainingMetrics;
 /// What to register besides the metrics every daemon has.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct MetricsOptions {
-    /// Register the `murmur_gpu_*` gauges: a GPU backend is in use.
+    /// Register the `murmur_gpu_*` metrics: the peer trains on a GPU.
     pub(crate) gpu: bool,
     /// The device the model trains on, for `murmur_training_device_info`.
     pub(crate) device: TrainerDevice,

@@ -10,6 +10,11 @@
 //!
 //! Only the passes move: the parameters, the gradient and the optimizer state stay in host
 //! memory, where averaging reads them (see `murmur_trainer::Model::set_device`).
+//!
+//! On a GPU, [`DeviceWatch`] feeds the `murmur_gpu_*` metrics from the trainer's thread:
+//! the time of each step's passes and the device memory in use after them.
+
+use std::time::Duration;
 
 use candle_core::Device;
 use murmur_trainer::{DeviceError, TrainerDevice};
@@ -17,6 +22,7 @@ use thiserror::Error;
 
 use crate::config::DeviceChoice;
 use crate::input_error::BadInput;
+use crate::observe::GpuMetrics;
 
 /// The device a peer trains on, opened.
 #[derive(Debug, Clone)]
@@ -39,6 +45,45 @@ impl TrainingDevice {
     /// `cpu` or `cuda:N`, as the config spells a fixed device.
     pub(crate) fn label(&self) -> String {
         self.kind.to_string()
+    }
+
+    /// Whether the passes run on a GPU, so the `murmur_gpu_*` metrics mean something.
+    pub(crate) fn is_gpu(&self) -> bool {
+        matches!(self.kind, TrainerDevice::Cuda(_))
+    }
+}
+
+/// The trainer thread's reports of its device into the `murmur_gpu_*` metrics. The metrics
+/// are registered only for a GPU (see [`TrainingDevice::is_gpu`]); on the CPU every report
+/// is a no-op.
+#[derive(Debug, Clone)]
+pub(crate) struct DeviceWatch {
+    device: Device,
+    gpu: GpuMetrics,
+}
+
+impl DeviceWatch {
+    /// The label of the training passes in `murmur_gpu_kernel_seconds_total`.
+    pub(crate) const PASSES: &'static str = "forward_backward";
+
+    pub(crate) fn new(device: &TrainingDevice, gpu: GpuMetrics) -> DeviceWatch {
+        DeviceWatch {
+            device: device.device.clone(),
+            gpu,
+        }
+    }
+
+    /// One step's passes took `took` (parameter upload, forward, backward and the gradient's
+    /// download, which waits for the device): counts it and reads the memory in use after.
+    pub(crate) fn passes_took(&self, took: Duration) {
+        if self.device.is_cpu() {
+            return;
+        }
+        self.gpu
+            .record_kernel_time(Self::PASSES, took.as_secs_f64());
+        if let Some(memory) = murmur_trainer::device_memory(&self.device) {
+            self.gpu.set_memory(memory.used, memory.total);
+        }
     }
 }
 

@@ -30,6 +30,7 @@ use sha2::{Digest as _, Sha256};
 
 use crate::checkpoint::CheckpointStore;
 use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, StatusIdentity};
+use device::DeviceWatch;
 pub(crate) use device::{TrainingDevice, open as open_device};
 pub(crate) use fault::FAULT_VAR;
 use murmur_protocol::frame::FrameLimits;
@@ -111,7 +112,6 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
             fault::FAULT_VAR
         );
     }
-    let worker = Worker::spawn(task, len, settings.pace(), Arc::clone(&optimizer), fault)?;
 
     let listen: Vec<String> = net
         .listen_addrs()
@@ -120,9 +120,18 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .map(|a| format!("{a}/p2p/{me}"))
         .collect();
     let metrics = Metrics::new(MetricsOptions {
-        gpu: false,
+        gpu: settings.device.is_gpu(),
         device: settings.device.kind,
     })?;
+    let watch = DeviceWatch::new(&settings.device, metrics.gpu.clone());
+    let worker = Worker::spawn(
+        task,
+        len,
+        settings.pace(),
+        Arc::clone(&optimizer),
+        fault,
+        watch,
+    )?;
     metrics.network.attach(Arc::new(net.clone()))?;
     metrics.network.set_bandwidth_caps(
         settings.net.max_upload_bytes_per_s,
@@ -169,7 +178,14 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         me.to_string(),
         settings.mode_name(),
     );
-    progress.ready(&listen, len, initial_eval_loss, loss_floor, metrics_addr);
+    progress.ready(
+        &listen,
+        len,
+        initial_eval_loss,
+        loss_floor,
+        metrics_addr,
+        &settings.device.label(),
+    );
     tracing::info!(
         peer = %me,
         params = len,

@@ -115,11 +115,13 @@ impl Progress {
         initial_eval_loss: f32,
         loss_floor: Option<f32>,
         metrics_addr: Option<String>,
+        device: &str,
     ) {
         self.emit(json!({
             "event": "ready",
             "listen": listen,
             "params": params,
+            "device": device,
             "initial_eval_loss": initial_eval_loss,
             "loss_floor": loss_floor,
             "metrics_addr": metrics_addr,

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use murmur_gossip::engine::{Work, WorkDone};
 use murmur_trainer::{Batch, DataShape, Task};
 
+use super::device::DeviceWatch;
 use super::fault::Fault;
 use tokio::sync::mpsc;
 
@@ -107,13 +108,14 @@ impl Worker {
         pace: StepPace,
         shared: SharedOptimizer,
         fault: Option<Fault>,
+        watch: DeviceWatch,
     ) -> anyhow::Result<Worker> {
         let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel(1);
         let thread = std::thread::Builder::new()
             .name("murmur-trainer".into())
             .spawn(move || {
-                let mut state = WorkerState::new(task, params_len, pace, shared, fault);
+                let mut state = WorkerState::new(task, params_len, pace, shared, fault, watch);
                 while let Ok(job) = jobs_rx.recv() {
                     let done = state.run(job);
                     if done_tx.blocking_send(done).is_err() {
@@ -173,6 +175,8 @@ struct WorkerState {
     shared: SharedOptimizer,
     /// The test-only fault switch, when set.
     fault: Option<Fault>,
+    /// Where the passes' device time and memory go.
+    watch: DeviceWatch,
 }
 
 impl WorkerState {
@@ -182,6 +186,7 @@ impl WorkerState {
         pace: StepPace,
         shared: SharedOptimizer,
         fault: Option<Fault>,
+        watch: DeviceWatch,
     ) -> WorkerState {
         let rows = task.batch_size;
         let batch = match task.dataset.shape() {
@@ -195,6 +200,7 @@ impl WorkerState {
             pace,
             shared,
             fault,
+            watch,
         }
     }
 
@@ -273,15 +279,19 @@ impl WorkerState {
                 swarm_batch,
             } => {
                 let started = Instant::now();
-                let loss = self
-                    .task
-                    .local_step(
-                        &mut params,
-                        &mut self.batch,
-                        &mut self.grad,
-                        step,
-                        swarm_batch,
-                    )
+                // `Task::local_step`, with the passes timed for the device's metrics.
+                let task = &mut self.task;
+                task.dataset
+                    .fill_train_batch(task.batch_size, &mut self.batch);
+                let passes = Instant::now();
+                let loss = task
+                    .model
+                    .loss_and_grad(&params, &self.batch, &mut self.grad)
+                    .context("local step")?;
+                self.watch.passes_took(passes.elapsed());
+                let lr = task.schedule.lr(step, swarm_batch);
+                task.optimizer
+                    .step(&mut params, &self.grad, lr)
                     .context("local step")?;
                 self.share_optimizer();
                 self.stretch(started.elapsed());
@@ -304,11 +314,13 @@ impl WorkerState {
                     .dataset
                     .fill_train_batch(self.task.batch_size, &mut self.batch);
                 grad.resize(params.len(), 0.0);
+                let passes = Instant::now();
                 let loss = self
                     .task
                     .model
                     .loss_and_grad(&params, &self.batch, &mut grad)
                     .context("gradient")?;
+                self.watch.passes_took(passes.elapsed());
                 self.stretch(started.elapsed());
                 let mut samples = self.samples();
                 if let Some(fault) = &self.fault {
