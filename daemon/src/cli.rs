@@ -121,7 +121,8 @@ pub(crate) enum BenchCommand {
 
 #[derive(Debug, Args)]
 pub(crate) struct QualityArgs {
-    /// The CI-sized run: `none`, `sync-ring`+f32 and `butterfly`+int8, 4 peers, one seed.
+    /// The CI-sized run: `none`, `sync-ring`+f32 and `butterfly`+int8, 4 peers, one seed,
+    /// IID data only.
     #[arg(long)]
     pub(crate) quick: bool,
     /// Swarm sizes, comma-separated.
@@ -130,9 +131,17 @@ pub(crate) struct QualityArgs {
     /// Runs per mode and size (each with fresh keys, so fresh data and initial weights).
     #[arg(long, default_value_t = 3)]
     pub(crate) seeds: u32,
-    /// Every step padded to this many milliseconds (`training.synthetic_step_ms`).
+    /// Every step padded to this many milliseconds (`training.synthetic_step_ms`) in swarms
+    /// of up to four peers; larger swarms scale it with their size (8 peers: twice), since
+    /// their peers share the same cores.
     #[arg(long, default_value_t = 100)]
     pub(crate) step_ms: u64,
+    /// Which conditions to run, comma-separated: `iid` (every mode at every size and seed),
+    /// `non-iid` (each peer its own part of the data), `straggler` (peer 1 4× slower, every
+    /// run stopped at the same wall time) and `churn` (a peer killed and restarted every 5
+    /// to 10 s); the last three at the smallest size with one seed.
+    #[arg(long, default_value = "iid,non-iid,straggler,churn")]
+    pub(crate) scenarios: String,
     /// One JSON object per mode and size on stdout instead of a table.
     #[arg(long)]
     pub(crate) json: bool,

@@ -49,6 +49,8 @@ fn bad_flags_exit_2_naming_the_flag() {
             "--set-peer",
         ),
         (vec!["--set-peer", "0:training.steps=5"], "--steps"),
+        (vec!["--stop-after", "0"], "--stop-after"),
+        (vec!["--stop-after", "inf"], "--stop-after"),
     ] {
         let mut all = args.clone();
         all.extend(["--out", out]);
@@ -308,5 +310,62 @@ fn set_peer_changes_one_peer_only() {
     );
     for p in peers {
         assert_eq!(p["device"], "cpu", "{p}");
+    }
+}
+
+/// `--non-iid` gives each peer its own data shard, which `murmur run` acts on: with a chain
+/// of two communities, a peer training alone on one of them does far worse on the shared
+/// eval set (both communities) than one drawing from the whole chain.
+#[test]
+fn non_iid_peers_each_draw_from_their_own_part_of_the_data() {
+    let run = [
+        "--peers",
+        "2",
+        "--task",
+        "quality",
+        "--mode",
+        "none",
+        "--steps",
+        "60",
+        "--set",
+        "data.source.communities=2",
+    ];
+    let iid = local_summary(&run);
+    let non_iid = local_summary(&[&run[..], &["--non-iid"]].concat());
+    assert_eq!(non_iid["non_iid"], true);
+    let (iid, non_iid) = (final_losses(&iid), final_losses(&non_iid));
+    for (a, b) in iid.iter().zip(&non_iid) {
+        assert!(
+            *b > a + 0.3,
+            "alone on half the chain: eval loss {non_iid:?}; on all of it: {iid:?}"
+        );
+    }
+}
+
+/// `--stop-after` stops every peer at a wall time, as Ctrl-C would, and each still reports
+/// the eval loss of its model as it stands: a run of 5,000 steps ends in seconds.
+#[test]
+fn stop_after_stops_the_peers_at_a_wall_time_with_their_losses() {
+    let summary = local_summary(&[
+        "--peers",
+        "2",
+        "--steps",
+        "5000",
+        "--synthetic-step-ms",
+        "20",
+        "--stop-after",
+        "6",
+    ]);
+    assert!(
+        summary["wall_s"].as_f64().unwrap() < 30.0,
+        "stopped after 6 s, yet ran {}",
+        summary["wall_s"]
+    );
+    assert_eq!(summary["interrupted"], false);
+    for p in summary["peer_results"].as_array().unwrap() {
+        assert_eq!(p["status"], "stopped", "{p}");
+        let steps = p["steps"].as_u64().unwrap();
+        assert!((1..5000).contains(&steps), "{p}");
+        assert!(p["final_eval_loss"].as_f64().is_some(), "{p}");
     }
 }

@@ -157,9 +157,12 @@ impl TaskPreset {
                     mlp_ratio: 4,
                 }),
                 data: DataConfig {
+                    shard: 0,
+                    shards: 1,
                     batch_size: 16,
                     eval_samples: 256,
                     source: DataSource::SyntheticMarkov(MarkovConfig {
+                        communities: 1,
                         states: 32,
                         branching: 4,
                         skew: 1.0,
@@ -189,9 +192,12 @@ impl TaskPreset {
                     mlp_ratio: 4,
                 }),
                 data: DataConfig {
+                    shard: 0,
+                    shards: 1,
                     batch_size: 8,
                     eval_samples: 256,
                     source: DataSource::SyntheticMarkov(MarkovConfig {
+                        communities: 1,
                         states: 256,
                         branching: 16,
                         skew: 1.0,
@@ -204,7 +210,7 @@ impl TaskPreset {
                     weight_decay: 0.01,
                 },
                 schedule: ScheduleConfig {
-                    peak_lr: 1.2e-2,
+                    peak_lr: 1.6e-2,
                     warmup_steps: 30,
                     total_steps: 400,
                     min_lr_ratio: 0.1,
@@ -217,6 +223,8 @@ impl TaskPreset {
                     activation: Activation::Relu,
                 }),
                 data: DataConfig {
+                    shard: 0,
+                    shards: 1,
                     batch_size: 64,
                     eval_samples: 2048,
                     source: DataSource::SyntheticClassification(TeacherConfig {

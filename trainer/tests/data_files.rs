@@ -143,6 +143,8 @@ fn token_beyond_vocabulary_is_reported_with_its_offset() {
     tokens[123] = 50;
     let path = write(dir.path(), "t.bin", &u16_tokens(tokens));
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 4,
         eval_samples: 2,
         source: DataSource::Tokens(TokensConfig {
@@ -171,6 +173,8 @@ fn file_too_small_for_eval_and_shards_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "tiny.txt", b"hello world");
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 4,
         eval_samples: 2,
         source: DataSource::Text(TextConfig { path }),
@@ -183,6 +187,8 @@ fn file_too_small_for_eval_and_shards_is_refused() {
 fn position_file(dir: &Path, n: u32) -> DataConfig {
     let path = write(dir, "positions.bin", &u32_tokens(0..n));
     DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 8,
         eval_samples: 10,
         source: DataSource::Tokens(TokensConfig {
@@ -266,6 +272,8 @@ fn text_is_read_as_bytes() {
         .into_bytes();
     let path = write(dir.path(), "corpus.txt", &text);
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 4,
         eval_samples: 3,
         source: DataSource::Text(TextConfig { path }),
@@ -324,6 +332,8 @@ fn idx_shards_are_disjoint_and_cover_their_part_each_epoch() {
     let dir = tempfile::tempdir().unwrap();
     let (images, labels) = idx_pair(dir.path(), "train", 300);
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 10,
         eval_samples: 40,
         source: DataSource::Idx(IdxConfig {
@@ -382,6 +392,8 @@ fn idx_with_separate_eval_files_uses_them() {
     let (images, labels) = idx_pair(dir.path(), "train", 50);
     let (eval_images, eval_labels) = idx_pair(dir.path(), "t10k", 20);
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 8,
         eval_samples: 100,
         source: DataSource::Idx(IdxConfig {
@@ -427,6 +439,8 @@ fn bad_idx_files_fail_with_specific_errors() {
     let images = write(d, "img", &idx_bytes(3, &[3, 1, 1], &[0, 1, 2]));
     let labels = write(d, "lab", &idx_bytes(1, &[2], &[0, 1]));
     let config = |images: PathBuf, labels: PathBuf, classes| DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 1,
         eval_samples: 1,
         source: DataSource::Idx(IdxConfig {

@@ -18,6 +18,7 @@ fn sampling(swarm_seed: u64, peer_seed: u64) -> PeerSampling {
 
 fn markov_config() -> MarkovConfig {
     MarkovConfig {
+        communities: 1,
         states: 16,
         branching: 3,
         skew: 1.0,
@@ -26,6 +27,8 @@ fn markov_config() -> MarkovConfig {
 
 fn markov(eval_samples: usize, s: PeerSampling) -> Box<dyn Dataset> {
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 32,
         eval_samples,
         source: DataSource::SyntheticMarkov(markov_config()),
@@ -35,6 +38,8 @@ fn markov(eval_samples: usize, s: PeerSampling) -> Box<dyn Dataset> {
 
 fn teacher(s: PeerSampling) -> Box<dyn Dataset> {
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 50,
         eval_samples: 500,
         source: DataSource::SyntheticClassification(TeacherConfig {
@@ -229,6 +234,22 @@ fn bad_synthetic_settings_name_their_key() {
             "data.source.states",
         ),
         (
+            // 16 states in 3 ranges do not divide; in 4 ranges, 4 states leave too few for
+            // 3 distinct successors besides the cycle's.
+            DataSource::SyntheticMarkov(MarkovConfig {
+                communities: 3,
+                ..markov_config()
+            }),
+            "data.source.communities",
+        ),
+        (
+            DataSource::SyntheticMarkov(MarkovConfig {
+                communities: 8,
+                ..markov_config()
+            }),
+            "data.source.communities",
+        ),
+        (
             DataSource::SyntheticClassification(TeacherConfig {
                 features: 8,
                 classes: 1,
@@ -240,6 +261,8 @@ fn bad_synthetic_settings_name_their_key() {
     ];
     for (source, key) in cases {
         let config = DataConfig {
+            shard: 0,
+            shards: 1,
             batch_size: 4,
             eval_samples: 4,
             source,
@@ -250,6 +273,8 @@ fn bad_synthetic_settings_name_their_key() {
         assert!(err.contains(key), "{err} should name {key}");
     }
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 0,
         eval_samples: 4,
         source: DataSource::SyntheticMarkov(markov_config()),
@@ -264,6 +289,8 @@ fn bad_synthetic_settings_name_their_key() {
         ..sampling(1, 1)
     };
     let config = DataConfig {
+        shard: 0,
+        shards: 1,
         batch_size: 4,
         eval_samples: 4,
         source: DataSource::SyntheticMarkov(markov_config()),
@@ -281,4 +308,139 @@ fn peer_seeds_from_ids_are_stable_and_distinct() {
         PeerSampling::seed_from_id(&[1]),
         PeerSampling::seed_from_id(&[1, 0])
     );
+}
+
+/// A Markov dataset of 64 states in `communities` ranges, for peer `shard` of `shards`.
+fn community_peer(communities: usize, shard: u32, shards: u32) -> Box<dyn Dataset> {
+    let config = DataConfig {
+        shard,
+        shards,
+        batch_size: 32,
+        eval_samples: 64,
+        source: DataSource::SyntheticMarkov(MarkovConfig {
+            states: 64,
+            branching: 4,
+            skew: 1.0,
+            communities,
+        }),
+    };
+    open_dataset(
+        &config,
+        Some(24),
+        PeerSampling {
+            swarm_seed: 5,
+            peer_seed: u64::from(shard) + 100,
+            shard,
+            shards,
+        },
+    )
+    .unwrap()
+}
+
+/// The share of a peer's training tokens (inputs) that lie in states `range`, and whether
+/// every sequence started there.
+fn tokens_in(dataset: &mut dyn Dataset, range: std::ops::Range<u32>) -> (f64, bool) {
+    let mut batch = dataset.empty_batch(32);
+    let (mut inside, mut total, mut starts_inside) = (0usize, 0usize, true);
+    for _ in 0..20 {
+        dataset.fill_train_batch(32, &mut batch);
+        let BatchInputs::Tokens { ids, context } = &batch.inputs else {
+            panic!("markov yields tokens");
+        };
+        for row in ids.chunks(*context) {
+            starts_inside &= range.contains(&row[0]);
+            inside += row.iter().filter(|t| range.contains(t)).count();
+            total += row.len();
+        }
+    }
+    (inside as f64 / total as f64, starts_inside)
+}
+
+#[test]
+fn communities_keep_successors_in_their_range_but_for_the_cycle() {
+    let config = MarkovConfig {
+        states: 64,
+        branching: 4,
+        skew: 1.0,
+        communities: 4,
+    };
+    let chain = MarkovChain::new(&config, 5).unwrap();
+    for from in 0..64u32 {
+        for to in 0..64u32 {
+            let same = from / 16 == to / 16;
+            let cycle = to == (from + 1) % 64;
+            if chain.transition(from, to) > 0.0 {
+                assert!(same || cycle, "{from} -> {to} leaves its community");
+            }
+        }
+    }
+    // Still one chain: every state is visited.
+    assert!(chain.stationary().iter().all(|&p| p > 0.0));
+}
+
+/// The quality task's chain is the one its numbers in BENCHMARKS.md were measured on: a
+/// single community draws exactly the successors of a chain without communities.
+#[test]
+fn one_community_is_the_chain_without_communities() {
+    let data = murmur_trainer::TaskPreset::Quality.config().data;
+    let DataSource::SyntheticMarkov(config) = data.source else {
+        panic!("the quality task is a Markov chain");
+    };
+    assert_eq!(config.communities, 1);
+    // `murmur local`'s swarm id; its loss floor as `murmur local --task quality` reported it
+    // before chains had communities.
+    let chain = MarkovChain::new(&config, PeerSampling::seed_from_id(b"murmur-local")).unwrap();
+    assert_eq!(chain.entropy_rate() as f32, 2.365_789_2_f32);
+}
+
+#[test]
+fn a_data_shard_starts_every_sequence_in_its_range_of_states() {
+    // One shard: sequences start anywhere.
+    let (_, all_inside) = tokens_in(&mut *community_peer(1, 0, 1), 0..16);
+    assert!(!all_inside, "one shard starts sequences in every range");
+    // Shard 2 of 4, no communities: starts in 32..48, then the chain mixes.
+    let (share, starts) = tokens_in(&mut *community_peer(1, 2, 4), 32..48);
+    assert!(starts, "shard 2 of 4 starts its sequences in states 32..48");
+    assert!(
+        share < 0.6,
+        "without communities sequences leave the range: {share}"
+    );
+    // With four communities, shard 2 of 4 sees almost only community 2: non-IID data.
+    let (share, starts) = tokens_in(&mut *community_peer(4, 2, 4), 32..48);
+    assert!(starts);
+    assert!(
+        share > 0.9,
+        "community 2's share of shard 2's tokens: {share}"
+    );
+    // The eval set is every peer's: the same whatever the shard.
+    let a = community_peer(4, 0, 4);
+    let b = community_peer(4, 3, 4);
+    assert_eq!(
+        a.eval_set().iter().flat_map(rows).collect::<Vec<_>>(),
+        b.eval_set().iter().flat_map(rows).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_shard_outside_the_shards_names_its_key() {
+    let config = DataConfig {
+        shard: 4,
+        shards: 4,
+        batch_size: 8,
+        eval_samples: 8,
+        source: DataSource::SyntheticMarkov(markov_config()),
+    };
+    let error = open_dataset(&config, Some(8), sampling(1, 1))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("data.shard"), "{error}");
+    let config = DataConfig {
+        shard: 0,
+        shards: 0,
+        ..config
+    };
+    let error = open_dataset(&config, Some(8), sampling(1, 1))
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("data.shards"), "{error}");
 }

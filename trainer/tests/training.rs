@@ -44,9 +44,12 @@ fn gpt_learns_a_markov_chain() {
             mlp_ratio: 2,
         }),
         data: DataConfig {
+            shard: 0,
+            shards: 1,
             batch_size: 16,
             eval_samples: 64,
             source: DataSource::SyntheticMarkov(MarkovConfig {
+                communities: 1,
                 states: 8,
                 branching: 2,
                 skew: 1.0,
@@ -80,6 +83,8 @@ fn mlp_learns_a_teacher() {
             activation: Activation::Relu,
         }),
         data: DataConfig {
+            shard: 0,
+            shards: 1,
             batch_size: 32,
             eval_samples: 256,
             source: DataSource::SyntheticClassification(TeacherConfig {

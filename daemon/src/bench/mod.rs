@@ -6,6 +6,7 @@ mod codecs;
 mod metrics;
 mod quality;
 mod quality_plot;
+mod quality_scenarios;
 mod stream;
 mod timing;
 mod train;

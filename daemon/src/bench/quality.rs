@@ -8,10 +8,13 @@
 //!
 //! where `L` is the median over seeds of the swarm's mean final eval loss at equal samples
 //! per peer: 0 is no better than training alone, 1 as good as synchronous all-reduce.
-//! Steps are padded to a fixed time (`--step-ms`), so that peers sharing a few cores do
-//! not turn CPU contention into a difference between modes. Writes `quality.csv` (one row
-//! per run), `curves.csv` (the mean eval loss of every run against samples and wall time)
-//! and `quality.png` (those curves for the first seed) into the output folder.
+//! Steps are padded to a fixed time (`--step-ms`, scaled up for swarms of more than four
+//! peers, whose peers share the same cores), so that CPU contention does not turn into a
+//! difference between modes. Besides IID data it runs the scenarios of
+//! [`quality_scenarios`]: non-IID data, a straggler at equal wall time, and churn. Writes
+//! `quality.csv` (one row per run), `curves.csv` (the mean eval loss of every run against
+//! samples and wall time), and `quality.png` and `quality-non-iid.png` (those curves for the
+//! first seed) into the output folder.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -26,6 +29,7 @@ use crate::input_error::BadInput;
 use crate::local::{LocalArgs, LocalPlan, LocalSummary, Reading, run_quietly};
 
 use super::quality_plot;
+use super::quality_scenarios::{self, CHURN_MODES, STRAGGLER_MODES, Scenario};
 
 /// The modes compared, with their codecs: the control, the synchronous reference, then
 /// the asynchronous modes.
@@ -51,6 +55,7 @@ const QUICK: [(AveragingMode, &str); 3] = [
 /// One run of the matrix.
 #[derive(Debug, Clone)]
 pub(crate) struct RunResult {
+    pub(crate) scenario: Scenario,
     pub(crate) mode: AveragingMode,
     pub(crate) codec: &'static str,
     pub(crate) peers: usize,
@@ -62,26 +67,85 @@ pub(crate) struct RunResult {
     pub(crate) curve: Vec<(u64, f64, f64)>,
 }
 
-/// One mode at one swarm size, over its seeds.
+/// One mode at one swarm size in one scenario, over its seeds.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ModeResult {
+    pub(crate) scenario: Scenario,
     pub(crate) mode: AveragingMode,
     pub(crate) codec: &'static str,
     pub(crate) peers: usize,
     pub(crate) losses: Vec<f64>,
     pub(crate) median: f64,
-    /// `None` where the control and the reference are missing or equal.
+    /// `None` where the control and the reference are missing or equal, and outside the
+    /// IID and non-IID scenarios.
     pub(crate) gap_closure: Option<f64>,
+    /// The straggler scenario: when its runs were stopped, in seconds after the start; their
+    /// final eval loss is the loss at that wall time.
+    pub(crate) stopped_at_s: Option<f64>,
+    /// The churn scenario: the same mode's median in the IID matrix, same size.
+    pub(crate) churn_free: Option<f64>,
+}
+
+/// One swarm to run: the scenario, mode, codec, size and seed.
+type RunSpec = (Scenario, AveragingMode, &'static str, usize, u32);
+
+/// The runs of the chosen scenarios, in order: the IID matrix at every size and seed, then
+/// the other scenarios at the smallest size with one seed. Churn brings the IID runs of its
+/// mode (its churn-free reference) when the IID matrix is not chosen.
+fn plan_runs(
+    scenarios: &[Scenario],
+    modes: &[(AveragingMode, &'static str)],
+    sizes: &[usize],
+    seeds: u32,
+) -> Vec<RunSpec> {
+    let smallest = sizes.iter().copied().min().unwrap_or(4);
+    let mut runs = Vec::new();
+    let mut add = |scenario, list: &[(AveragingMode, &'static str)], sizes: &[usize], seeds| {
+        for seed in 1..=seeds {
+            for &peers in sizes {
+                for &(mode, codec) in list {
+                    runs.push((scenario, mode, codec, peers, seed));
+                }
+            }
+        }
+    };
+    for &scenario in scenarios {
+        match scenario {
+            Scenario::Iid => add(Scenario::Iid, modes, sizes, seeds),
+            Scenario::NonIid => add(Scenario::NonIid, modes, &[smallest], 1),
+            Scenario::Straggler => add(Scenario::Straggler, &STRAGGLER_MODES, &[smallest], 1),
+            Scenario::Churn => {
+                if !scenarios.contains(&Scenario::Iid) {
+                    add(Scenario::Iid, &CHURN_MODES, &[smallest], 1);
+                }
+                add(Scenario::Churn, &CHURN_MODES, &[smallest], 1);
+            }
+        }
+    }
+    runs
 }
 
 pub(crate) fn run(args: &QualityArgs) -> anyhow::Result<()> {
-    let (modes, sizes, seeds): (&[(AveragingMode, &str)], Vec<usize>, u32) = if args.quick {
-        (&QUICK, vec![4], 1)
-    } else {
-        (&MATRIX, args.peer_counts()?, args.seeds)
-    };
+    let (modes, sizes, seeds, scenarios): (&[(AveragingMode, &str)], Vec<usize>, u32, _) =
+        if args.quick {
+            (&QUICK, vec![4], 1, vec![Scenario::Iid])
+        } else {
+            (
+                &MATRIX,
+                args.peer_counts()?,
+                args.seeds,
+                Scenario::parse_list(&args.scenarios)?,
+            )
+        };
     if seeds == 0 || seeds > 20 {
         return Err(BadInput(format!("--seeds {seeds}: expected 1 to 20")).into());
+    }
+    if args.step_ms == 0 || args.step_ms > 10_000 {
+        return Err(BadInput(format!(
+            "--step-ms {}: expected 1 to 10000 milliseconds",
+            args.step_ms
+        ))
+        .into());
     }
     let out = match &args.out {
         Some(out) => out.clone(),
@@ -89,91 +153,134 @@ pub(crate) fn run(args: &QualityArgs) -> anyhow::Result<()> {
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
     let mut runs = Vec::new();
-    for seed in 1..=seeds {
-        for &peers in &sizes {
-            for &(mode, codec) in modes {
-                let result = run_one(args, &out, mode, codec, peers, seed)?;
-                if !args.json {
-                    eprintln!(
-                        "{peers} peers, {mode} {codec}, seed {seed}: final eval loss {:.4} ({:.0} s)",
-                        result.final_eval_loss, result.wall_s
-                    );
-                }
-                runs.push(result);
+    let mut failures = Vec::new();
+    for (scenario, mode, codec, peers, seed) in plan_runs(&scenarios, modes, &sizes, seeds) {
+        // One swarm that does not finish must not cost the other runs' results.
+        let result = match run_one(args, &out, scenario, mode, codec, peers, seed) {
+            Ok(result) => result,
+            Err(e) => {
+                let what = format!(
+                    "{}: {peers} peers, {mode} {codec}, seed {seed}",
+                    scenario.name()
+                );
+                eprintln!("{what}: failed: {e:#}");
+                failures.push(what);
+                continue;
             }
+        };
+        if !args.json {
+            eprintln!(
+                "{}: {peers} peers, {mode} {codec}, seed {seed}: final eval loss {:.4} ({:.0} s)",
+                scenario.name(),
+                result.final_eval_loss,
+                result.wall_s
+            );
         }
+        runs.push(result);
     }
     write_runs(&out.join("quality.csv"), &runs)?;
     write_curves(&out.join("curves.csv"), &runs)?;
-    let plot_note = quality_plot::write(&out.join("quality.png"), &runs)?;
-    let results = summarize(&runs);
+    let mut plots = Vec::new();
+    let mut notes = Vec::new();
+    for (scenario, file) in [
+        (Scenario::Iid, "quality.png"),
+        (Scenario::NonIid, "quality-non-iid.png"),
+    ] {
+        let these: Vec<RunResult> = runs
+            .iter()
+            .filter(|r| r.scenario == scenario)
+            .cloned()
+            .collect();
+        if !these.is_empty() {
+            notes.extend(quality_plot::write(&out.join(file), &these)?);
+            plots.push(file);
+        }
+    }
+    let results = summarize(&runs, args.step_ms);
     if args.json {
         for r in &results {
-            println!(
-                "{}",
-                json!({
-                    "mode": r.mode.name(),
-                    "codec": r.codec,
-                    "peers": r.peers,
-                    "seeds": r.losses.len(),
-                    "final_eval_loss": r.median,
-                    "final_eval_losses": r.losses,
-                    "gap_closure": r.gap_closure,
-                })
-            );
+            println!("{}", result_json(r));
         }
     } else {
         print!("{}", table(&results));
         println!(
-            "folder: {} (quality.csv, curves.csv, quality.png)",
-            out.display()
+            "folder: {} (quality.csv, curves.csv{})",
+            out.display(),
+            plots.iter().map(|p| format!(", {p}")).collect::<String>()
         );
     }
-    if let Some(note) = plot_note {
+    for note in notes {
         eprintln!("{note}");
     }
-    Ok(())
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!(
+            "{} of the runs failed, and are missing from the results: {}",
+            failures.len(),
+            failures.join("; ")
+        )
+    }
 }
 
-/// Runs one swarm of the matrix in `out/<peers>-<mode>-<codec>-<seed>`.
+/// One mode's line of `--json`.
+fn result_json(r: &ModeResult) -> serde_json::Value {
+    let mut line = json!({
+        "scenario": r.scenario.name(),
+        "mode": r.mode.name(),
+        "codec": r.codec,
+        "peers": r.peers,
+        "seeds": r.losses.len(),
+        "final_eval_loss": r.median,
+        "final_eval_losses": r.losses,
+        "gap_closure": r.gap_closure,
+    });
+    if let Some(object) = line.as_object_mut() {
+        if let Some(at) = r.stopped_at_s {
+            object.insert("stopped_at_s".into(), json!(at));
+        }
+        if let Some(reference) = r.churn_free {
+            object.insert("churn_free_eval_loss".into(), json!(reference));
+            object.insert("churn_change".into(), json!(r.median / reference - 1.0));
+        }
+    }
+    line
+}
+
+/// Runs one swarm of the matrix in `out/<scenario>-<peers>-<mode>-<codec>-<seed>`.
 fn run_one(
     args: &QualityArgs,
     out: &Path,
+    scenario: Scenario,
     mode: AveragingMode,
     codec: &'static str,
     peers: usize,
     seed: u32,
 ) -> anyhow::Result<RunResult> {
     let folder = out.join(format!(
-        "{peers}-{}-{}-{seed}",
+        "{}-{peers}-{}-{}-{seed}",
+        scenario.name(),
         mode.name(),
         codec.replace(':', "_")
     ));
-    let local = LocalArgs {
-        peers,
+    let step_ms = step_ms(args.step_ms, peers);
+    let mut local = LocalArgs {
         mode,
         codec: codec.to_owned(),
         task: TaskPreset::Quality,
-        steps: None,
-        straggler: Vec::new(),
-        churn: false,
-        churn_every: None,
         json: true,
         out: Some(folder.clone()),
-        hosts: None,
-        synthetic_step_ms: args.step_ms,
-        no_error_feedback: false,
-        clip: None,
-        fault: Vec::new(),
-        set: Vec::new(),
-        set_peer: Vec::new(),
+        synthetic_step_ms: step_ms,
+        ..LocalArgs::with_peers(peers)
     };
+    scenario.apply(&mut local, step_ms, quality_steps());
     let plan = LocalPlan::from_args(&local)?;
     let (summary, readings) = run_quietly(&plan)?;
-    let final_eval_loss = finished_loss(&summary)
+    let final_eval_loss = reported_loss(&summary, local.stop_after.is_some())
         .with_context(|| format!("the run in {} did not finish", folder.display()))?;
     let batch = TaskPreset::Quality.config().data.batch_size as u64;
     Ok(RunResult {
+        scenario,
         mode,
         codec,
         peers,
@@ -185,12 +292,38 @@ fn run_one(
     })
 }
 
-/// The swarm's mean final eval loss, if every peer finished.
-fn finished_loss(summary: &LocalSummary) -> Option<f64> {
-    if summary.failed > 0 || summary.finished != summary.peers {
+/// Local steps of a quality run: the task's schedule.
+fn quality_steps() -> u64 {
+    TaskPreset::Quality.config().schedule.total_steps
+}
+
+/// The step time of a swarm of `peers`: `step_ms` up to four peers, scaled with the swarm
+/// beyond (8 peers: twice), since every peer shares the same cores.
+pub(crate) fn step_ms(step_ms: u64, peers: usize) -> u64 {
+    step_ms.saturating_mul(peers.div_ceil(4).max(1) as u64)
+}
+
+/// The swarm's mean final eval loss, if every peer finished; with `stopped` (the run was
+/// stopped at its deadline), if every peer reported a final eval.
+fn reported_loss(summary: &LocalSummary, stopped: bool) -> Option<f64> {
+    if summary.failed > 0 {
         return None;
     }
-    summary.final_eval_loss
+    let reported = summary
+        .peer_results
+        .iter()
+        .filter(|p| p.final_eval_loss.is_some())
+        .count();
+    let complete = if stopped {
+        reported == summary.peers
+    } else {
+        summary.finished == summary.peers
+    };
+    if complete {
+        summary.final_eval_loss
+    } else {
+        None
+    }
 }
 
 /// The mean eval loss over the peers at each step every peer evaluated at: (samples per
@@ -214,45 +347,76 @@ pub(crate) fn curve(readings: &[Reading], peers: usize, batch: u64) -> Vec<(u64,
         .collect()
 }
 
-/// Medians over seeds and gap closures, in the matrix's order.
-pub(crate) fn summarize(runs: &[RunResult]) -> Vec<ModeResult> {
+/// Medians over seeds, in the matrix's order, with what each scenario reports: gap
+/// closures (IID and non-IID, against the control and the ring of the same scenario), the
+/// straggler runs' stopping time, and churn's churn-free reference. `step_ms` is
+/// `--step-ms`.
+pub(crate) fn summarize(runs: &[RunResult], step_ms: u64) -> Vec<ModeResult> {
     let mut results: Vec<ModeResult> = Vec::new();
     for run in runs {
-        match results
-            .iter_mut()
-            .find(|r| r.mode == run.mode && r.codec == run.codec && r.peers == run.peers)
-        {
+        match results.iter_mut().find(|r| {
+            r.scenario == run.scenario
+                && r.mode == run.mode
+                && r.codec == run.codec
+                && r.peers == run.peers
+        }) {
             Some(r) => r.losses.push(run.final_eval_loss),
             None => results.push(ModeResult {
+                scenario: run.scenario,
                 mode: run.mode,
                 codec: run.codec,
                 peers: run.peers,
                 losses: vec![run.final_eval_loss],
                 median: 0.0,
                 gap_closure: None,
+                stopped_at_s: None,
+                churn_free: None,
             }),
         }
     }
     for r in &mut results {
         r.median = median(&r.losses);
     }
-    let reference = |mode: AveragingMode, peers: usize| {
+    let reference = |scenario: Scenario, mode: AveragingMode, codec: Option<&str>, peers| {
         results
             .iter()
-            .find(|r| r.mode == mode && r.peers == peers)
+            .find(|r| {
+                r.scenario == scenario
+                    && r.mode == mode
+                    && codec.is_none_or(|c| c == r.codec)
+                    && r.peers == peers
+            })
             .map(|r| r.median)
     };
-    let closures: Vec<Option<f64>> = results
+    let closure = |r: &ModeResult| {
+        if !matches!(r.scenario, Scenario::Iid | Scenario::NonIid) {
+            return None;
+        }
+        let none = reference(r.scenario, AveragingMode::Solo, None, r.peers)?;
+        let ring = reference(r.scenario, AveragingMode::SyncRing, None, r.peers)?;
+        let gap = none - ring;
+        (gap.abs() > f64::EPSILON).then(|| (none - r.median) / gap)
+    };
+    let extras: Vec<(Option<f64>, Option<f64>, Option<f64>)> = results
         .iter()
         .map(|r| {
-            let none = reference(AveragingMode::Solo, r.peers)?;
-            let ring = reference(AveragingMode::SyncRing, r.peers)?;
-            let gap = none - ring;
-            (gap.abs() > f64::EPSILON).then(|| (none - r.median) / gap)
+            let stopped_at = (r.scenario == Scenario::Straggler).then(|| {
+                quality_scenarios::straggler_deadline(
+                    self::step_ms(step_ms, r.peers),
+                    quality_steps(),
+                )
+                .as_secs_f64()
+            });
+            let churn_free = (r.scenario == Scenario::Churn)
+                .then(|| reference(Scenario::Iid, r.mode, Some(r.codec), r.peers))
+                .flatten();
+            (closure(r), stopped_at, churn_free)
         })
         .collect();
-    for (r, closure) in results.iter_mut().zip(closures) {
+    for (r, (closure, stopped_at, churn_free)) in results.iter_mut().zip(extras) {
         r.gap_closure = closure;
+        r.stopped_at_s = stopped_at;
+        r.churn_free = churn_free;
     }
     results
 }
@@ -272,14 +436,23 @@ fn table(results: &[ModeResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>5}  {:<10} {:<8} {:>6} {:>12} {:>11}",
-        "peers", "mode", "codec", "seeds", "median loss", "gap closure"
+        "{:<10} {:>5}  {:<10} {:<8} {:>6} {:>12} {:>11}  note",
+        "scenario", "peers", "mode", "codec", "seeds", "median loss", "gap closure"
     );
     for r in results {
         let closure = r.gap_closure.map_or("-".to_owned(), |c| format!("{c:.3}"));
+        let note = match (r.stopped_at_s, r.churn_free) {
+            (Some(at), _) => format!("loss at {at:.0} s (stopped there)"),
+            (_, Some(free)) => format!(
+                "{:+.1} % against {free:.4} without churn",
+                100.0 * (r.median / free - 1.0)
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "{:>5}  {:<10} {:<8} {:>6} {:>12.4} {:>11}",
+            "{:<10} {:>5}  {:<10} {:<8} {:>6} {:>12.4} {:>11}  {note}",
+            r.scenario.name(),
             r.peers,
             r.mode.name(),
             r.codec,
@@ -293,11 +466,12 @@ fn table(results: &[ModeResult]) -> String {
 
 fn write_runs(path: &Path, runs: &[RunResult]) -> anyhow::Result<()> {
     let mut text =
-        String::from("mode,codec,peers,seed,final_eval_loss,wall_s,bytes_sent_per_peer\n");
+        String::from("scenario,mode,codec,peers,seed,final_eval_loss,wall_s,bytes_sent_per_peer\n");
     for r in runs {
         let _ = writeln!(
             text,
-            "{},{},{},{},{},{:.3},{:.0}",
+            "{},{},{},{},{},{},{:.3},{:.0}",
+            r.scenario.name(),
             r.mode.name(),
             r.codec,
             r.peers,
@@ -311,12 +485,14 @@ fn write_runs(path: &Path, runs: &[RunResult]) -> anyhow::Result<()> {
 }
 
 fn write_curves(path: &Path, runs: &[RunResult]) -> anyhow::Result<()> {
-    let mut text = String::from("mode,codec,peers,seed,samples_per_peer,wall_s,eval_loss\n");
+    let mut text =
+        String::from("scenario,mode,codec,peers,seed,samples_per_peer,wall_s,eval_loss\n");
     for r in runs {
         for &(samples, wall, loss) in &r.curve {
             let _ = writeln!(
                 text,
-                "{},{},{},{},{samples},{wall:.3},{loss}",
+                "{},{},{},{},{},{samples},{wall:.3},{loss}",
+                r.scenario.name(),
                 r.mode.name(),
                 r.codec,
                 r.peers,
@@ -333,6 +509,7 @@ mod tests {
 
     fn run(mode: AveragingMode, codec: &'static str, seed: u32, loss: f64) -> RunResult {
         RunResult {
+            scenario: Scenario::Iid,
             mode,
             codec,
             peers: 4,
@@ -354,7 +531,7 @@ mod tests {
             run(AveragingMode::SyncRing, "f32", 2, 2.0),
             run(AveragingMode::Sgp, "int8:64", 1, 2.3),
         ];
-        let results = summarize(&runs);
+        let results = summarize(&runs, 100);
         let closure = |mode| {
             results
                 .iter()
@@ -396,6 +573,7 @@ mod tests {
             peers: peers.to_owned(),
             seeds: 1,
             step_ms: 100,
+            scenarios: "iid".to_owned(),
             json: false,
             out: None,
         };
@@ -406,8 +584,73 @@ mod tests {
     }
 
     #[test]
+    fn scenarios_measure_against_their_own_control_and_churn_against_iid() {
+        let at = |scenario, mode, codec, loss| RunResult {
+            scenario,
+            ..run(mode, codec, 1, loss)
+        };
+        let runs = [
+            at(Scenario::Iid, AveragingMode::Solo, "f32", 3.0),
+            at(Scenario::Iid, AveragingMode::SyncRing, "f32", 2.0),
+            at(Scenario::Iid, AveragingMode::Sgp, "int8:64", 2.2),
+            at(Scenario::NonIid, AveragingMode::Solo, "f32", 5.0),
+            at(Scenario::NonIid, AveragingMode::SyncRing, "f32", 2.5),
+            at(Scenario::NonIid, AveragingMode::Sgp, "int8:64", 3.0),
+            at(Scenario::Straggler, AveragingMode::Sgp, "int8:64", 2.4),
+            at(Scenario::Churn, AveragingMode::Sgp, "int8:64", 2.31),
+        ];
+        let results = summarize(&runs, 100);
+        let find = |scenario, mode| {
+            results
+                .iter()
+                .find(|r| r.scenario == scenario && r.mode == mode)
+                .unwrap()
+        };
+        let closure = |scenario| find(scenario, AveragingMode::Sgp).gap_closure.unwrap();
+        assert!((closure(Scenario::Iid) - 0.8).abs() < 1e-9);
+        assert!((closure(Scenario::NonIid) - 0.8).abs() < 1e-9);
+        let straggler = find(Scenario::Straggler, AveragingMode::Sgp);
+        assert_eq!(straggler.gap_closure, None);
+        // 400 steps of 100 ms, and the start-up allowance.
+        assert_eq!(straggler.stopped_at_s, Some(45.0));
+        let churn = find(Scenario::Churn, AveragingMode::Sgp);
+        assert_eq!(churn.churn_free, Some(2.2));
+        assert_eq!(churn.gap_closure, None);
+        let line = result_json(churn);
+        assert!((line["churn_change"].as_f64().unwrap() - 0.05).abs() < 1e-9);
+        assert_eq!(line["scenario"], "churn");
+    }
+
+    #[test]
+    fn the_plan_runs_iid_everywhere_and_the_rest_once_at_the_smallest_size() {
+        let all = plan_runs(&Scenario::ALL, &MATRIX, &[8, 4], 3);
+        let count = |scenario| all.iter().filter(|r| r.0 == scenario).count();
+        assert_eq!(count(Scenario::Iid), 6 * 2 * 3);
+        assert_eq!(count(Scenario::NonIid), 6);
+        assert_eq!(count(Scenario::Straggler), 2);
+        assert_eq!(count(Scenario::Churn), 1);
+        assert!(
+            all.iter()
+                .filter(|r| r.0 != Scenario::Iid)
+                .all(|r| r.3 == 4 && r.4 == 1)
+        );
+        // Churn alone brings its churn-free reference.
+        let churn = plan_runs(&[Scenario::Churn], &MATRIX, &[4], 3);
+        assert_eq!(
+            churn,
+            vec![
+                (Scenario::Iid, AveragingMode::Sgp, "int8:64", 4, 1),
+                (Scenario::Churn, AveragingMode::Sgp, "int8:64", 4, 1),
+            ]
+        );
+        assert_eq!(step_ms(100, 4), 100);
+        assert_eq!(step_ms(100, 8), 200);
+        assert_eq!(step_ms(100, 2), 100);
+    }
+
+    #[test]
     fn without_a_control_there_is_no_gap_closure() {
-        let results = summarize(&[run(AveragingMode::Sgp, "f32", 1, 2.0)]);
+        let results = summarize(&[run(AveragingMode::Sgp, "f32", 1, 2.0)], 100);
         assert_eq!(results[0].gap_closure, None);
     }
 }

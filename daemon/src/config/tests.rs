@@ -134,6 +134,7 @@ fn relative_paths_resolve_against_the_config_folder() {
         ("states = 32\n", ""),
         ("branching = 4\n", ""),
         ("skew = 1.0\n", ""),
+        ("communities = 1\n", ""),
     ]);
     // The files it names exist where they resolve to, so that only resolution is tested.
     std::fs::write(s.dir.path().join("corpus.txt"), b"text").unwrap();

@@ -22,6 +22,9 @@ const MAX_STRAGGLER_FACTOR: f64 = 100.0;
 /// The longest synthetic step, as `[training] synthetic_step_ms` allows it.
 const MAX_SYNTHETIC_STEP_MS: u64 = 60_000;
 
+/// The longest `--stop-after`, in seconds.
+const MAX_STOP_AFTER_S: f64 = 86_400.0;
+
 /// The longest `--churn-every` interval, in seconds.
 const MAX_CHURN_EVERY_S: f64 = 3600.0;
 
@@ -58,6 +61,17 @@ pub(crate) struct LocalArgs {
     /// time), e.g. `2-5`. Default: 5-10.
     #[arg(long, value_name = "MIN-MAX")]
     pub(crate) churn_every: Option<String>,
+    /// Non-IID data: peer K of N draws only from data shard K of N (`data.shard`,
+    /// `data.shards`). For the Markov tasks, its sequences start in the K-th of N ranges of
+    /// the states; add `--set data.source.communities=N` to make those ranges parts of the
+    /// chain a sequence seldom leaves.
+    #[arg(long)]
+    pub(crate) non_iid: bool,
+    /// Stop every peer SECONDS after the start, as Ctrl-C would: each evaluates its model as
+    /// it stands and reports it, for comparisons at equal wall time (a straggler that holds
+    /// a synchronous swarm back shows here). Up to 86400.
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) stop_after: Option<f64>,
     /// Print the summary as one JSON object, and nothing live.
     #[arg(long)]
     pub(crate) json: bool,
@@ -118,6 +132,10 @@ pub(crate) struct LocalPlan {
     pub(crate) steps: u64,
     pub(crate) stragglers: Vec<Straggler>,
     pub(crate) churn: bool,
+    /// Each peer its own data shard.
+    pub(crate) non_iid: bool,
+    /// Stop every peer this long after the start (`--stop-after`).
+    pub(crate) stop_after: Option<Duration>,
     pub(crate) json: bool,
     pub(crate) out: Option<PathBuf>,
     /// Where each peer runs and listens.
@@ -206,6 +224,8 @@ impl LocalPlan {
             steps,
             stragglers,
             churn: args.churn,
+            non_iid: args.non_iid,
+            stop_after: args.stop_after.map(parse_stop_after).transpose()?,
             json: args.json,
             out: args.out.clone(),
             hosts,
@@ -251,6 +271,31 @@ impl LocalPlan {
 }
 
 impl LocalArgs {
+    /// Every flag at its default but `--peers`, for runs built in code (`bench quality`).
+    pub(crate) fn with_peers(peers: usize) -> LocalArgs {
+        LocalArgs {
+            peers,
+            mode: AveragingMode::Sgp,
+            codec: "int8:64".into(),
+            task: TaskPreset::MarkovGpt,
+            steps: None,
+            straggler: Vec::new(),
+            churn: false,
+            churn_every: None,
+            non_iid: false,
+            stop_after: None,
+            json: false,
+            out: None,
+            hosts: None,
+            synthetic_step_ms: 0,
+            no_error_feedback: false,
+            clip: None,
+            set: Vec::new(),
+            set_peer: Vec::new(),
+            fault: Vec::new(),
+        }
+    }
+
     /// `--churn-every`, checked: `None` when not given (the supervisor's default applies).
     pub(crate) fn churn_every(&self) -> Result<Option<(Duration, Duration)>, BadInput> {
         match &self.churn_every {
@@ -298,6 +343,17 @@ fn parse_task(text: &str) -> Result<TaskPreset, String> {
         })
 }
 
+/// `--stop-after SECONDS`: more than 0 and at most a day.
+fn parse_stop_after(seconds: f64) -> Result<Duration, BadInput> {
+    if seconds.is_finite() && seconds > 0.0 && seconds <= MAX_STOP_AFTER_S {
+        Ok(Duration::from_secs_f64(seconds))
+    } else {
+        Err(BadInput(format!(
+            "--stop-after {seconds}: expected seconds above 0, at most {MAX_STOP_AFTER_S}"
+        )))
+    }
+}
+
 fn parse_straggler(text: &str, peers: usize) -> Result<Straggler, BadInput> {
     let bad = |why: String| BadInput(format!("--straggler {text}: {why}"));
     let (peer, factor) = text
@@ -340,6 +396,8 @@ mod tests {
             straggler: Vec::new(),
             churn: false,
             churn_every: None,
+            non_iid: false,
+            stop_after: None,
             json: false,
             out: None,
             hosts: None,

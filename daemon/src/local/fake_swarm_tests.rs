@@ -50,6 +50,8 @@ fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
         straggler: Vec::new(),
         churn,
         churn_every: None,
+        non_iid: false,
+        stop_after: None,
         json: true,
         out: Some(out.to_owned()),
         hosts: None,

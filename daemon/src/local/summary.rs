@@ -20,6 +20,8 @@ pub(crate) struct Summary {
     pub(crate) codec: String,
     pub(crate) steps: u64,
     pub(crate) churn: bool,
+    /// Whether each peer drew from its own data shard (`--non-iid`).
+    pub(crate) non_iid: bool,
     /// The working folder.
     pub(crate) out: String,
     /// Mean over peers of their starting eval loss.
@@ -46,6 +48,8 @@ pub(crate) struct Summary {
     pub(crate) steady_samples_per_s: Option<f64>,
     pub(crate) finished: usize,
     pub(crate) failed: usize,
+    /// Peers stopped before their last step (Ctrl-C, the run's bound, `--stop-after`).
+    pub(crate) stopped: usize,
     /// Ctrl-C or the overall time bound stopped the run.
     pub(crate) interrupted: bool,
     pub(crate) peer_results: Vec<PeerSummary>,
@@ -207,6 +211,7 @@ impl Summary {
             codec: plan.codec.to_string(),
             steps: plan.steps,
             churn: plan.churn,
+            non_iid: plan.non_iid,
             out: facts.out.display().to_string(),
             initial_eval_loss,
             final_eval_loss,
@@ -229,7 +234,11 @@ impl Summary {
             },
             steady_samples_per_s: steady_samples_per_s(records),
             finished,
-            failed: peer_results.len() - finished,
+            failed: peer_results.iter().filter(|p| p.status == "failed").count(),
+            stopped: peer_results
+                .iter()
+                .filter(|p| p.status == "stopped")
+                .count(),
             interrupted: facts.interrupted,
             peer_results,
             notes: facts.notes,
@@ -241,19 +250,30 @@ impl Summary {
         self.finished == self.peers
     }
 
+    /// Whether the run went as planned: every peer finished, or `--stop-after` stopped
+    /// those that had not, and none failed.
+    pub(crate) fn as_planned(&self, stop_after: bool) -> bool {
+        self.all_finished()
+            || (stop_after
+                && !self.interrupted
+                && self.failed == 0
+                && self.finished + self.stopped == self.peers)
+    }
+
     /// The summary as a table and a few lines of text.
     pub(crate) fn to_text(&self) -> String {
         let mut t = String::with_capacity(2048);
         // `write!` into a String cannot fail.
         let _ = writeln!(
             t,
-            "murmur local: {} peers, {}, {}, {}, {} steps{}, {:.1} s",
+            "murmur local: {} peers, {}, {}, {}, {} steps{}{}, {:.1} s",
             self.peers,
             self.task,
             self.mode,
             self.codec,
             self.steps,
             if self.churn { ", churn" } else { "" },
+            if self.non_iid { ", non-IID" } else { "" },
             self.wall_s
         );
         let _ = writeln!(
@@ -363,6 +383,8 @@ mod tests {
             straggler: vec!["1:2".into()],
             churn: false,
             churn_every: None,
+            non_iid: false,
+            stop_after: None,
             json: true,
             out: None,
             hosts: None,

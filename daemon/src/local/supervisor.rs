@@ -73,7 +73,7 @@ pub(crate) struct SwarmRun {
     pub(crate) records: Vec<PeerRecord>,
     pub(crate) readings: Vec<Reading>,
     pub(crate) wall_s: f64,
-    /// Ctrl-C or the overall bound stopped the run.
+    /// Ctrl-C or the overall bound stopped the run (not `--stop-after`).
     pub(crate) interrupted: bool,
     pub(crate) notes: Vec<String>,
 }
@@ -110,6 +110,8 @@ struct Slot {
 struct Stopping {
     kill_at: Instant,
     killed: bool,
+    /// By `--stop-after`, as planned, rather than by a signal or the overall bound.
+    planned: bool,
 }
 
 /// Starts the swarm and supervises it to the end.
@@ -174,7 +176,7 @@ pub(crate) async fn supervise(
     }
     Ok(SwarmRun {
         wall_s: start.elapsed().as_secs_f64(),
-        interrupted: s.stopping.is_some(),
+        interrupted: s.stopping.as_ref().is_some_and(|s| !s.planned),
         records: s.records,
         readings: s.readings,
         notes: s.notes,
@@ -323,6 +325,22 @@ impl Supervisor<'_> {
                 )));
             }
             self.stop().await;
+        }
+        if self.stopping.is_none()
+            && let Some(after) = self.plan.stop_after
+            && now >= self.start + after
+        {
+            self.note(
+                format!(
+                    "--stop-after {:.0}: stopping every peer; each reports its model as it stands",
+                    after.as_secs_f64()
+                ),
+                false,
+            );
+            self.stop().await;
+            if let Some(stopping) = &mut self.stopping {
+                stopping.planned = true;
+            }
         }
         if let Some(stopping) = &mut self.stopping
             && !stopping.killed
@@ -512,6 +530,7 @@ impl Supervisor<'_> {
         self.stopping = Some(Stopping {
             kill_at: now + self.limits.grace,
             killed: false,
+            planned: false,
         });
         for peer in 0..self.slots.len() {
             let slot = &mut self.slots[peer];

@@ -17,6 +17,7 @@ use anyhow::Context;
 use murmur_gossip::butterfly::{ButterflyConfig, ClipConfig};
 use murmur_gossip::net::NetConfig;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
+use murmur_trainer::DataConfig;
 
 use super::args::LocalPlan;
 use super::overrides;
@@ -308,7 +309,15 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
             },
             ..AveragingSection::default()
         },
-        data: task.data,
+        data: if plan.non_iid {
+            DataConfig {
+                shard: c.index as u32,
+                shards: plan.peers as u32,
+                ..task.data
+            }
+        } else {
+            task.data
+        },
         checkpoint: CheckpointSection {
             dir: "checkpoints".into(),
             every_steps: checkpoint_every_steps(plan.steps),
@@ -368,6 +377,8 @@ mod tests {
             straggler: stragglers.iter().map(|s| (*s).to_owned()).collect(),
             churn: false,
             churn_every: None,
+            non_iid: false,
+            stop_after: None,
             json: false,
             out: None,
             hosts: None,
@@ -511,6 +522,8 @@ mod tests {
             straggler: vec!["1:4".into()],
             churn: false,
             churn_every: None,
+            non_iid: false,
+            stop_after: None,
             json: false,
             out: None,
             hosts: Some(hosts),

@@ -87,8 +87,8 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let sampling = PeerSampling {
         swarm_seed: PeerSampling::seed_from_id(settings.swarm_id.as_bytes()),
         peer_seed: PeerSampling::seed_from_id(&me.to_bytes()),
-        shard: 0,
-        shards: 1,
+        shard: settings.task.data.shard,
+        shards: settings.task.data.shards,
     };
     let mut task = settings
         .task

@@ -9,6 +9,14 @@
 //! The chain is kept irreducible and aperiodic by construction: state `i` always leads to
 //! `i + 1 mod states` (one cycle through every state) and state 0 also to itself (a cycle of
 //! length one), so the stationary distribution is unique and sequences mix.
+//!
+//! With `communities = C > 1` the states fall into `C` equal ranges and every successor but
+//! the cycle's is drawn from the state's own range: a sequence leaves its community only at
+//! the range's last state, so the communities are parts of the distribution that a short
+//! sequence seldom crosses. A peer given data shard `k` of `n` (`data.shard`,
+//! `data.shards`) starts its sequences in the `k`-th of `n` equal ranges of the states, drawn
+//! from the stationary distribution restricted to it; with `n = C` each peer sees
+//! (almost) only its own community: non-IID data, which averaging must combine.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +36,9 @@ fn default_branching() -> usize {
 fn default_skew() -> f32 {
     1.0
 }
+fn default_communities() -> usize {
+    1
+}
 
 /// Power iterations allowed while finding the stationary distribution.
 const MAX_POWER_ITERATIONS: usize = 1_000_000;
@@ -45,6 +56,10 @@ pub struct MarkovConfig {
     /// Standard deviation of the log-weights: 0 makes successors equally likely.
     #[serde(default = "default_skew")]
     pub skew: f32,
+    /// Equal ranges of states whose successors stay within the range (but for the cycle's);
+    /// 1 = one community, successors drawn from every state.
+    #[serde(default = "default_communities")]
+    pub communities: usize,
 }
 
 impl MarkovConfig {
@@ -63,6 +78,20 @@ impl MarkovConfig {
                 "data.source.branching",
                 self.branching,
                 format!("2..={max_branching} (at most states, at most 64)"),
+            ));
+        }
+        let per_community = self.states / self.communities.max(1);
+        if self.communities == 0
+            || !self.states.is_multiple_of(self.communities)
+            || (self.communities > 1 && per_community <= self.branching)
+        {
+            return Err(ConfigError::out_of_range(
+                "data.source.communities",
+                self.communities,
+                format!(
+                    "1, or a divisor of states ({}) leaving more than branching ({}) states in each",
+                    self.states, self.branching
+                ),
             ));
         }
         if !(0.0..=8.0).contains(&self.skew) {
@@ -97,6 +126,9 @@ impl MarkovChain {
     pub fn new(config: &MarkovConfig, seed: u64) -> Result<Self, ConfigError> {
         config.validate()?;
         let (v, k) = (config.states, config.branching);
+        // With one community the range is every state, and the draws are those of a chain
+        // without communities.
+        let per_community = v / config.communities;
         let mut rng = Rng::for_stream(&[seed, tag::TASK]);
         let mut successors = Vec::with_capacity(v * k);
         let mut probs = Vec::with_capacity(v * k);
@@ -106,8 +138,9 @@ impl MarkovChain {
             if i == 0 {
                 successors.push(0);
             }
+            let community = (i / per_community) * per_community;
             while successors.len() - row < k {
-                let s = rng.index(v) as u32;
+                let s = (community + rng.index(per_community)) as u32;
                 if !successors[row..].contains(&s) {
                     successors.push(s);
                 }
@@ -216,14 +249,59 @@ impl MarkovChain {
         self.successors[row.start + k]
     }
 
-    /// Appends one sequence of `context + 1` states as `context` inputs and their next states.
-    fn draw(&self, rng: &mut Rng, context: usize, ids: &mut Vec<u32>, targets: &mut Vec<u32>) {
-        let mut state = rng.pick_cumulative(&self.stationary_cumulative) as u32;
+    /// Appends one sequence of `context + 1` states as `context` inputs and their next states,
+    /// the first state drawn by `start`.
+    fn draw(
+        &self,
+        rng: &mut Rng,
+        start: &StartStates,
+        context: usize,
+        ids: &mut Vec<u32>,
+        targets: &mut Vec<u32>,
+    ) {
+        let mut state = (start.first + rng.pick_cumulative(&start.cumulative)) as u32;
         for _ in 0..context {
             ids.push(state);
             state = self.step(state, rng);
             targets.push(state);
         }
+    }
+}
+
+/// Where sequences start: states `first..first + cumulative.len()`, with the running sums of
+/// their stationary probabilities.
+#[derive(Debug, Clone)]
+struct StartStates {
+    first: usize,
+    cumulative: Vec<f64>,
+}
+
+impl StartStates {
+    /// Every state, by the stationary distribution.
+    fn all(chain: &MarkovChain) -> StartStates {
+        StartStates {
+            first: 0,
+            cumulative: chain.stationary_cumulative.clone(),
+        }
+    }
+
+    /// The `shard`-th of `shards` equal ranges of the states (the last ones longer by the
+    /// remainder), by the stationary distribution restricted to it; one shard is every state.
+    fn shard(chain: &MarkovChain, shard: u32, shards: u32) -> StartStates {
+        if shards <= 1 {
+            return StartStates::all(chain);
+        }
+        let v = chain.states;
+        let range = |k: u32| (k as usize * v) / shards as usize;
+        let (first, end) = (range(shard), range(shard + 1).max(range(shard) + 1).min(v));
+        let cumulative = chain.stationary[first..end]
+            .iter()
+            .scan(0.0, |acc, p| {
+                *acc += p;
+                Some(*acc)
+            })
+            .collect();
+        StartStates { first, cumulative }
     }
 }
 
@@ -233,6 +311,8 @@ pub struct MarkovDataset {
     chain: MarkovChain,
     context: usize,
     train_rng: Rng,
+    /// Where this peer's training sequences start (its data shard).
+    train_start: StartStates,
     eval: Vec<Batch>,
 }
 
@@ -247,6 +327,7 @@ impl MarkovDataset {
     ) -> Result<Self, ConfigError> {
         let chain = MarkovChain::new(config, sampling.swarm_seed)?;
         let mut eval_rng = Rng::for_stream(&[sampling.swarm_seed, tag::EVAL]);
+        let eval_start = StartStates::all(&chain);
         let eval = build_eval_set(
             eval_samples,
             rows,
@@ -254,7 +335,13 @@ impl MarkovDataset {
             |batch, n| {
                 let mut ids = batch.take_token_ids();
                 for _ in 0..n {
-                    chain.draw(&mut eval_rng, context, &mut ids, &mut batch.targets);
+                    chain.draw(
+                        &mut eval_rng,
+                        &eval_start,
+                        context,
+                        &mut ids,
+                        &mut batch.targets,
+                    );
                 }
                 batch.set_tokens(ids, context, n);
             },
@@ -265,10 +352,12 @@ impl MarkovDataset {
             sampling.peer_seed,
             u64::from(sampling.shard),
         ]);
+        let train_start = StartStates::shard(&chain, sampling.shard, sampling.shards);
         Ok(Self {
             chain,
             context,
             train_rng,
+            train_start,
             eval,
         })
     }
@@ -292,6 +381,7 @@ impl Dataset for MarkovDataset {
         for _ in 0..rows {
             self.chain.draw(
                 &mut self.train_rng,
+                &self.train_start,
                 self.context,
                 &mut ids,
                 &mut batch.targets,

@@ -62,9 +62,22 @@ pub struct DataConfig {
     pub batch_size: usize,
     /// Samples in the held-out eval set (cut into batches of `batch_size`).
     pub eval_samples: usize,
+    /// This peer's part of the training data, `0..shards` (see [`PeerSampling::shard`]).
+    #[serde(default)]
+    pub shard: u32,
+    /// How many parts the training data is cut into; 1 = every peer draws from all of it.
+    #[serde(default = "one_shard")]
+    pub shards: u32,
     /// Where samples come from.
     pub source: DataSource,
 }
+
+fn one_shard() -> u32 {
+    1
+}
+
+/// The most parts `data.shards` may cut the training data into.
+pub const MAX_SHARDS: u32 = 4096;
 
 /// The `[data.source]` section.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -122,6 +135,20 @@ impl DataConfig {
                 ));
             }
         }
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(ConfigError::out_of_range(
+                "data.shards",
+                self.shards,
+                format!("1..={MAX_SHARDS}"),
+            ));
+        }
+        if self.shard >= self.shards {
+            return Err(ConfigError::out_of_range(
+                "data.shard",
+                self.shard,
+                format!("0..{} (below data.shards)", self.shards),
+            ));
+        }
         match &self.source {
             DataSource::SyntheticClassification(c) => c.validate(),
             DataSource::SyntheticMarkov(c) => c.validate(),
@@ -139,7 +166,10 @@ pub struct PeerSampling {
     pub swarm_seed: u64,
     /// This peer's seed (derived from its peer id): fixes its random order.
     pub peer_seed: u64,
-    /// This peer's part of a file dataset's training split, `0..shards`.
+    /// This peer's part of the training data, `0..shards`: of a file dataset's training
+    /// split, a disjoint part; of a synthetic Markov chain, the states its sequences start
+    /// from (the `shard`-th of `shards` equal ranges); of synthetic classification, only its
+    /// random stream.
     pub shard: u32,
     /// How many disjoint parts the training split is cut into (at least 1).
     pub shards: u32,
