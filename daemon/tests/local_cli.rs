@@ -314,32 +314,36 @@ fn set_peer_changes_one_peer_only() {
 }
 
 /// `--non-iid` gives each peer its own data shard, which `murmur run` acts on: with a chain
-/// of two communities, a peer training alone on one of them does far worse on the shared
-/// eval set (both communities) than one drawing from the whole chain.
+/// of four communities and four peers training alone, a peer that draws only from its own
+/// community does far worse on the shared eval set (every community) than one drawing from
+/// the whole chain. The release build, 200 steps, twice: 4.16 and 4.07 from the whole chain,
+/// 5.67 and 5.92 from one community each (single peers vary too much to compare one by one).
 #[test]
 fn non_iid_peers_each_draw_from_their_own_part_of_the_data() {
     let run = [
         "--peers",
-        "2",
+        "4",
         "--task",
         "quality",
         "--mode",
         "none",
         "--steps",
-        "60",
+        "200",
         "--set",
-        "data.source.communities=2",
+        "data.source.communities=4",
     ];
     let iid = local_summary(&run);
     let non_iid = local_summary(&[&run[..], &["--non-iid"]].concat());
     assert_eq!(non_iid["non_iid"], true);
-    let (iid, non_iid) = (final_losses(&iid), final_losses(&non_iid));
-    for (a, b) in iid.iter().zip(&non_iid) {
-        assert!(
-            *b > a + 0.3,
-            "alone on half the chain: eval loss {non_iid:?}; on all of it: {iid:?}"
-        );
-    }
+    let mean = |s: &serde_json::Value| s["final_eval_loss"].as_f64().unwrap();
+    assert!(
+        mean(&non_iid) > mean(&iid) + 0.8,
+        "alone on one community each: eval loss {:?} (mean {}); on the whole chain: {:?} (mean {})",
+        final_losses(&non_iid),
+        mean(&non_iid),
+        final_losses(&iid),
+        mean(&iid)
+    );
 }
 
 /// `--stop-after` stops every peer at a wall time, as Ctrl-C would, and each still reports
