@@ -387,27 +387,7 @@ mod tests {
     use super::*;
 
     fn args() -> LocalArgs {
-        LocalArgs {
-            peers: 4,
-            task: murmur_trainer::TaskPreset::MarkovGpt,
-            mode: AveragingMode::Sgp,
-            codec: "int8:64".into(),
-            steps: None,
-            straggler: Vec::new(),
-            churn: false,
-            churn_every: None,
-            non_iid: false,
-            stop_after: None,
-            json: false,
-            out: None,
-            hosts: None,
-            synthetic_step_ms: 0,
-            no_error_feedback: false,
-            clip: None,
-            fault: Vec::new(),
-            set: Vec::new(),
-            set_peer: Vec::new(),
-        }
+        LocalArgs::with_peers(4)
     }
 
     fn error(args: &LocalArgs) -> String {

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::args::{AveragingMode, LocalArgs, LocalPlan};
+use super::args::{LocalArgs, LocalPlan};
 use super::peers::Launcher;
 use super::run_swarm;
 use super::summary::Summary;
@@ -42,25 +42,11 @@ echo '{"event":"done","step":5,"samples":80,"initial_eval_loss":3.0,"final_eval_
 
 fn plan(peers: usize, out: &Path, churn: bool) -> LocalPlan {
     LocalPlan::from_args(&LocalArgs {
-        peers,
-        task: murmur_trainer::TaskPreset::MarkovGpt,
-        mode: AveragingMode::Sgp,
-        codec: "int8:64".into(),
         steps: Some(5),
-        straggler: Vec::new(),
         churn,
-        churn_every: None,
-        non_iid: false,
-        stop_after: None,
         json: true,
         out: Some(out.to_owned()),
-        hosts: None,
-        synthetic_step_ms: 0,
-        no_error_feedback: false,
-        clip: None,
-        fault: Vec::new(),
-        set: Vec::new(),
-        set_peer: Vec::new(),
+        ..LocalArgs::with_peers(peers)
     })
     .unwrap()
 }

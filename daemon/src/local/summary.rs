@@ -370,30 +370,15 @@ pub(crate) fn bytes(n: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::local::args::{AveragingMode, LocalArgs};
+    use crate::local::args::LocalArgs;
     use crate::local::events::parse_line;
 
     fn plan(peers: usize) -> LocalPlan {
         LocalPlan::from_args(&LocalArgs {
-            peers,
-            task: murmur_trainer::TaskPreset::MarkovGpt,
-            mode: AveragingMode::Sgp,
-            codec: "int8:64".into(),
             steps: Some(100),
             straggler: vec!["1:2".into()],
-            churn: false,
-            churn_every: None,
-            non_iid: false,
-            stop_after: None,
             json: true,
-            out: None,
-            hosts: None,
-            synthetic_step_ms: 0,
-            no_error_feedback: false,
-            clip: None,
-            fault: Vec::new(),
-            set: Vec::new(),
-            set_peer: Vec::new(),
+            ..LocalArgs::with_peers(peers)
         })
         .unwrap()
     }

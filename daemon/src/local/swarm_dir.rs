@@ -369,25 +369,11 @@ mod tests {
 
     fn plan(stragglers: &[&str]) -> LocalPlan {
         LocalPlan::from_args(&LocalArgs {
-            peers: 3,
-            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::Butterfly,
             codec: "int4:128".into(),
             steps: Some(40),
             straggler: stragglers.iter().map(|s| (*s).to_owned()).collect(),
-            churn: false,
-            churn_every: None,
-            non_iid: false,
-            stop_after: None,
-            json: false,
-            out: None,
-            hosts: None,
-            synthetic_step_ms: 0,
-            no_error_feedback: false,
-            clip: None,
-            fault: Vec::new(),
-            set: Vec::new(),
-            set_peer: Vec::new(),
+            ..LocalArgs::with_peers(3)
         })
         .unwrap()
     }
@@ -514,25 +500,13 @@ mod tests {
         }
         std::fs::write(&hosts, text).unwrap();
         let plan = LocalPlan::from_args(&LocalArgs {
-            peers: 3,
-            task: murmur_trainer::TaskPreset::MarkovGpt,
             mode: AveragingMode::SyncRing,
             codec: "f32".into(),
             steps: Some(20),
             straggler: vec!["1:4".into()],
-            churn: false,
-            churn_every: None,
-            non_iid: false,
-            stop_after: None,
-            json: false,
-            out: None,
             hosts: Some(hosts),
             synthetic_step_ms: 150,
-            no_error_feedback: false,
-            clip: None,
-            fault: Vec::new(),
-            set: Vec::new(),
-            set_peer: Vec::new(),
+            ..LocalArgs::with_peers(3)
         })
         .unwrap();
         let dir = SwarmDir::create(Some(&tmp.path().join("swarm")), plan.peers).unwrap();
