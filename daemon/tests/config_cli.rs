@@ -290,7 +290,7 @@ fn a_wrong_type_exits_2_naming_key_and_line() {
 #[test]
 fn an_out_of_range_value_exits_2_naming_key_value_and_line() {
     let w = Workflow::new();
-    let line = w.edit_line("out_degree = 1", "out_degree = 0");
+    let line = w.edit_line("out_degree = \"auto\"", "out_degree = 0");
     w.check_fails_at(line, "averaging.sgp.out_degree = 0: ");
 }
 

@@ -4,7 +4,7 @@
 //! vectors are centred on zero with unit spread, and an error of 1e-6 means the peers are a
 //! million times closer to the true average than they started.
 
-use murmur_gossip::sgp::SgpConfig;
+use murmur_gossip::sgp::{OutDegree, SgpConfig};
 use murmur_gossip::sim::{AlgorithmSpec, RandomChurn, Scenario, SgpSwarm};
 
 /// `max_i ‖z_i − x̄(0)‖₂ / D₀` over the live peers: distance from the exact average of the
@@ -82,7 +82,7 @@ fn exactness_does_not_depend_on_overlap() {
 fn two_out_peers_converge_too() {
     let scenario = lockstep_scenario(64, 4);
     let config = SgpConfig {
-        out_degree: 2,
+        out_degree: OutDegree::Fixed(2),
         ..SgpConfig::default()
     };
     let mut swarm = SgpSwarm::new(&scenario, &config).expect("valid scenario");

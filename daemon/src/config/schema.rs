@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use murmur_gossip::butterfly::ButterflyConfig;
 use murmur_gossip::engine::LocalSgdSettings;
 use murmur_gossip::net::NetConfig;
+use murmur_gossip::sgp::OutDegree;
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataConfig, ModelConfig, OptimizerConfig, ScheduleConfig, TaskPreset};
 use serde::{Deserialize, Serialize};
@@ -199,8 +200,8 @@ impl Default for AveragingSection {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub(crate) struct SgpSection {
-    /// Out-peers per step.
-    pub(crate) out_degree: usize,
+    /// Out-peers per step, or `auto`.
+    pub(crate) out_degree: OutDegree,
     /// Overlap τ: steps a peer may run ahead of its unconfirmed shares.
     pub(crate) staleness: u32,
     /// Milliseconds a share may stay unconfirmed before the peer stops waiting for it.
@@ -212,7 +213,7 @@ pub(crate) struct SgpSection {
 impl Default for SgpSection {
     fn default() -> Self {
         SgpSection {
-            out_degree: 1,
+            out_degree: OutDegree::Auto,
             staleness: 1,
             share_timeout_ms: 5_000,
             max_edge_references: 8,

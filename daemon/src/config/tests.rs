@@ -4,6 +4,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use murmur_gossip::sgp::OutDegree;
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{Invite, Keypair, SwarmId};
 use murmur_trainer::{TaskPreset, TrainerDevice};
@@ -186,7 +187,7 @@ fn out_of_range_values_name_their_key_line_and_value() {
     let template = template::with_swarm(&s.swarm, &s.authority.peer_id());
     for (old, new, key) in [
         (
-            "out_degree = 1\n",
+            "out_degree = \"auto\"\n",
             "out_degree = 0\n",
             "averaging.sgp.out_degree",
         ),
@@ -361,13 +362,13 @@ fn the_sgp_table_becomes_an_sgp_config_with_the_swarm_codec() {
     let s = Swarm::new();
     s.write_edited(&[
         ("codec = \"int8:64\"\n", "codec = \"f16\"\n"),
-        ("out_degree = 1\n", "out_degree = 3\n"),
+        ("out_degree = \"auto\"\n", "out_degree = 3\n"),
     ]);
     let loaded = s.load().unwrap_or_else(|e| panic!("{e}"));
     let ModeSettings::Sgp(sgp) = &loaded.averaging.mode else {
         panic!("{:?}", loaded.averaging.mode);
     };
-    assert_eq!(sgp.out_degree, 3);
+    assert_eq!(sgp.out_degree, OutDegree::Fixed(3));
     assert_eq!(sgp.share_codec, CodecSpec::F16);
 }
 

@@ -6,13 +6,14 @@ use murmur_protocol::codec::CodecSpec;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::SgpError;
+use super::schedule::OutDegree;
 
 /// Settings of one SGP peer (`averaging.sgp` in a swarm config).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SgpConfig {
-    /// Out-peers per step; each receives `1 / (out_degree + 1)` of the peer's mass.
-    pub out_degree: usize,
+    /// Out-peers per step; each receives `1 / (d + 1)` of the peer's mass.
+    pub out_degree: OutDegree,
     /// Overlap τ: how many of its own steps a peer may run ahead of its unconfirmed shares.
     ///
     /// Before starting local step `k`, a peer needs every share it sent at a step
@@ -47,11 +48,13 @@ pub struct SgpConfig {
 impl SgpConfig {
     /// Checks every value, naming the key that is out of range.
     pub fn validate(&self) -> Result<(), SgpError> {
-        if !(1..=16).contains(&self.out_degree) {
+        if let OutDegree::Fixed(degree) = self.out_degree
+            && !(1..=16).contains(&degree)
+        {
             return Err(SgpError::InvalidConfig {
                 key: "out_degree",
-                value: self.out_degree.to_string(),
-                allowed: "1 to 16",
+                value: degree.to_string(),
+                allowed: "1 to 16, or \"auto\"",
             });
         }
         if self.staleness > 64 {
@@ -93,7 +96,7 @@ impl SgpConfig {
 impl Default for SgpConfig {
     fn default() -> SgpConfig {
         SgpConfig {
-            out_degree: 1,
+            out_degree: OutDegree::Fixed(1),
             staleness: 1,
             share_timeout_ms: 30_000,
             share_codec: CodecSpec::F32,

@@ -68,6 +68,6 @@ pub use config::SgpConfig;
 pub use error::SgpError;
 pub use machine::{SgpInput, SgpOutput, SgpPeer, SgpStats};
 pub use membership::MembershipView;
-pub use schedule::ExponentialGraph;
+pub use schedule::{ExponentialGraph, OutDegree};
 pub use share::ShareHeader;
 pub use state::{MIN_WEIGHT, PushSumState};

@@ -1,5 +1,85 @@
 //! The time-varying directed exponential graph that picks each step's out-peers.
 
+use std::fmt;
+
+use serde::de::{self, Visitor};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// How many out-peers a step sends to (`averaging.sgp.out_degree`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutDegree {
+    /// `⌈L / 2⌉` in a view of `L` levels (see [`ExponentialGraph`]): a step covers half the
+    /// powers of two, so every offset comes round within two steps at any swarm size. One
+    /// out-peer up to 4 peers, two up to 16, three up to 64.
+    Auto,
+    /// This many (at most the view's number of levels).
+    Fixed(usize),
+}
+
+impl OutDegree {
+    /// The out-degree in a view with `levels` distinct powers of two below its size.
+    fn at(self, levels: usize) -> usize {
+        let wanted = match self {
+            OutDegree::Auto => levels.div_ceil(2),
+            OutDegree::Fixed(degree) => degree,
+        };
+        wanted.max(1).min(levels)
+    }
+}
+
+impl fmt::Display for OutDegree {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutDegree::Auto => f.write_str("auto"),
+            OutDegree::Fixed(degree) => write!(f, "{degree}"),
+        }
+    }
+}
+
+impl Serialize for OutDegree {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            OutDegree::Auto => serializer.serialize_str("auto"),
+            OutDegree::Fixed(degree) => serializer.serialize_u64(*degree as u64),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OutDegree {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<OutDegree, D::Error> {
+        deserializer.deserialize_any(OutDegreeVisitor)
+    }
+}
+
+struct OutDegreeVisitor;
+
+impl Visitor<'_> for OutDegreeVisitor {
+    type Value = OutDegree;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a number of out-peers or \"auto\"")
+    }
+
+    fn visit_u64<E: de::Error>(self, value: u64) -> Result<OutDegree, E> {
+        usize::try_from(value)
+            .map(OutDegree::Fixed)
+            .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(value), &self))
+    }
+
+    fn visit_i64<E: de::Error>(self, value: i64) -> Result<OutDegree, E> {
+        u64::try_from(value)
+            .map_err(|_| E::invalid_value(de::Unexpected::Signed(value), &self))
+            .and_then(|value| self.visit_u64(value))
+    }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<OutDegree, E> {
+        match value {
+            "auto" => Ok(OutDegree::Auto),
+            _ => Err(E::invalid_value(de::Unexpected::Str(value), &self)),
+        }
+    }
+}
+
 /// The time-varying directed exponential graph of Assran et al. (2019), over `n` ranks.
 ///
 /// A peer sends to peers `2^0, 2^1, …, 2^⌊log₂(n − 1)⌋` ranks ahead, one power per step in
@@ -18,20 +98,18 @@
 /// `j < d` (at most `L` of them, all distinct).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExponentialGraph {
-    out_degree: usize,
+    out_degree: OutDegree,
 }
 
 impl ExponentialGraph {
     /// A graph in which every peer sends to `out_degree` peers per step (at least one).
-    pub fn new(out_degree: usize) -> ExponentialGraph {
-        ExponentialGraph {
-            out_degree: out_degree.max(1),
-        }
+    pub fn new(out_degree: OutDegree) -> ExponentialGraph {
+        ExponentialGraph { out_degree }
     }
 
     /// Number of out-peers a step has in a view of `n` peers.
     pub fn out_degree(&self, n: usize) -> usize {
-        self.out_degree.min(levels(n))
+        self.out_degree.at(levels(n))
     }
 
     /// The ranks that rank `rank` sends to at `step` in a view of `n` peers.
@@ -56,7 +134,7 @@ impl ExponentialGraph {
 
 impl Default for ExponentialGraph {
     fn default() -> ExponentialGraph {
-        ExponentialGraph::new(1)
+        ExponentialGraph::new(OutDegree::Fixed(1))
     }
 }
 
@@ -71,11 +149,11 @@ fn levels(n: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::ExponentialGraph;
+    use super::{ExponentialGraph, OutDegree};
 
     #[test]
     fn offsets_cycle_through_powers_of_two() {
-        let graph = ExponentialGraph::new(1);
+        let graph = ExponentialGraph::new(OutDegree::Fixed(1));
         let targets: Vec<usize> = (0..4)
             .flat_map(|step| graph.out_ranks(8, 0, step))
             .collect();
@@ -85,7 +163,11 @@ mod tests {
     #[test]
     fn no_peer_sends_to_itself_and_each_step_is_a_permutation() {
         for n in 1..70 {
-            for degree in 1..4 {
+            for degree in [1, 2, 3]
+                .map(OutDegree::Fixed)
+                .into_iter()
+                .chain([OutDegree::Auto])
+            {
                 let graph = ExponentialGraph::new(degree);
                 for step in 0..8 {
                     let mut in_degree = vec![0usize; n];
@@ -104,7 +186,7 @@ mod tests {
 
     #[test]
     fn levels_cover_every_power_of_two_below_n() {
-        let graph = ExponentialGraph::new(1);
+        let graph = ExponentialGraph::new(OutDegree::Fixed(1));
         let offsets =
             |n: usize| -> Vec<usize> { (0..8).map(|s| graph.out_ranks(n, 0, s).sum()).collect() };
         assert_eq!(offsets(2), [1; 8]);
@@ -116,8 +198,34 @@ mod tests {
 
     #[test]
     fn a_lone_peer_has_no_out_peer() {
-        let graph = ExponentialGraph::new(3);
+        let graph = ExponentialGraph::new(OutDegree::Fixed(3));
         assert_eq!(graph.out_ranks(1, 0, 5).count(), 0);
         assert_eq!(graph.out_ranks(0, 0, 5).count(), 0);
+    }
+
+    #[test]
+    fn auto_covers_every_level_within_two_steps() {
+        let graph = ExponentialGraph::new(OutDegree::Auto);
+        let degrees: Vec<usize> = [2, 3, 4, 5, 8, 9, 16, 17, 64, 65]
+            .map(|n| graph.out_degree(n))
+            .into();
+        assert_eq!(degrees, [1, 1, 1, 2, 2, 2, 2, 3, 3, 4]);
+        let mut offsets: Vec<usize> = (0..2).flat_map(|s| graph.out_ranks(8, 0, s)).collect();
+        offsets.sort_unstable();
+        assert_eq!(offsets, [1, 2, 2, 4]);
+        assert_eq!(graph.out_degree(1), 0);
+    }
+
+    #[test]
+    fn out_degree_reads_a_number_or_auto() {
+        let read = |text: &str| serde_json::from_str::<OutDegree>(text).map_err(|e| e.to_string());
+        assert_eq!(read("2"), Ok(OutDegree::Fixed(2)));
+        assert_eq!(read("\"auto\""), Ok(OutDegree::Auto));
+        for bad in ["-1", "\"two\"", "1.5"] {
+            let error = read(bad).unwrap_err();
+            assert!(error.contains("out-peers or \"auto\""), "{bad}: {error}");
+        }
+        assert_eq!(serde_json::to_string(&OutDegree::Auto).unwrap(), "\"auto\"");
+        assert_eq!(OutDegree::Fixed(3).to_string(), "3");
     }
 }
