@@ -280,6 +280,39 @@ fn set_changes_what_the_peers_run() {
     );
 }
 
+/// `training.micro_batches` cuts each step's batch into passes whose gradients are
+/// averaged: a peer cutting its batch of 512 sequences into 16 passes peaks at clearly less
+/// memory than one taking it whole (the trainer's tests show the gradient is the same).
+#[test]
+fn micro_batches_lower_a_peers_peak_memory() {
+    let run = [
+        "--peers",
+        "1",
+        "--steps",
+        "2",
+        "--mode",
+        "none",
+        "--set",
+        "data.batch_size=512",
+        "--set",
+        "data.eval_samples=64",
+    ];
+    let whole = local_summary(&run);
+    let parts = local_summary(&[&run[..], &["--set", "training.micro_batches=16"]].concat());
+    let peer = |s: &serde_json::Value, key: &str| s["peer_results"][0][key].as_f64().unwrap();
+    let (peak_whole, peak_parts) = (
+        peer(&whole, "peak_rss_bytes"),
+        peer(&parts, "peak_rss_bytes"),
+    );
+    assert!(
+        peak_parts < 0.7 * peak_whole,
+        "peak RSS {peak_parts} with 16 micro-batches, {peak_whole} without"
+    );
+    for summary in [&whole, &parts] {
+        assert!(peer(summary, "final_eval_loss").is_finite(), "{summary}");
+    }
+}
+
 /// `--set-peer` reaches one peer's config only: with peer 0's SGP out-degree at 2 it pushes
 /// two shares a step and sends about twice what each other peer sends, and every peer says
 /// where it trained.

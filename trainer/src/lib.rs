@@ -54,7 +54,9 @@ pub use device::{DeviceMemory, TrainerDevice, device_memory};
 pub use error::{ConfigError, DataError, DeviceError, ExportError, TrainerError};
 pub use export::export_safetensors;
 pub use layout::{Init, ParamLayout, TensorSpec};
-pub use model::{Activation, DataShape, Gpt, GptConfig, Mlp, MlpConfig, Model, ModelConfig};
+pub use model::{
+    Activation, DataShape, Gpt, GptConfig, GptPreset, GradWrite, Mlp, MlpConfig, Model, ModelConfig,
+};
 pub use optim::{Optimizer, OptimizerConfig};
 pub use schedule::{LrSchedule, ScheduleConfig};
 pub use task::{Task, TaskConfig, TaskPreset};

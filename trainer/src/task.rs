@@ -7,7 +7,7 @@ use crate::data::{
     DataConfig, DataSource, Dataset, MarkovConfig, PeerSampling, TeacherConfig, open_dataset,
 };
 use crate::error::{ConfigError, TrainerError};
-use crate::model::{Activation, GptConfig, MlpConfig, Model, ModelConfig};
+use crate::model::{Activation, GptConfig, GradWrite, MlpConfig, Model, ModelConfig};
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::schedule::{LrSchedule, ScheduleConfig};
 
@@ -60,6 +60,7 @@ impl TaskConfig {
             optimizer,
             schedule,
             batch_size: self.data.batch_size,
+            micro_batches: 1,
         })
     }
 }
@@ -77,6 +78,9 @@ pub struct Task {
     pub schedule: LrSchedule,
     /// Samples per local step (`data.batch_size`).
     pub batch_size: usize,
+    /// Passes a local step's batch is cut into (gradient accumulation); 1 by default. It
+    /// must divide `batch_size`.
+    pub micro_batches: usize,
 }
 
 impl Task {
@@ -92,11 +96,51 @@ impl Task {
         step: u64,
         swarm_batch: u64,
     ) -> Result<f32, TrainerError> {
-        self.dataset.fill_train_batch(self.batch_size, batch);
-        let loss = self.model.loss_and_grad(params, batch, grad)?;
+        let loss = self.next_loss_and_grad(params, batch, grad)?;
         let lr = self.schedule.lr(step, swarm_batch);
         self.optimizer.step(params, grad, lr)?;
         Ok(loss)
+    }
+
+    /// Loss and gradient of the next `batch_size` samples, in `micro_batches` passes of
+    /// `batch_size / micro_batches` samples each (gradient accumulation): `grad` gets the
+    /// mean of the passes' gradients, which is the whole batch's up to float rounding, and
+    /// only one pass's activations are held at a time. Returns the mean loss.
+    pub fn next_loss_and_grad(
+        &mut self,
+        params: &[f32],
+        batch: &mut Batch,
+        grad: &mut [f32],
+    ) -> Result<f32, TrainerError> {
+        let passes = self.micro_batches.max(1);
+        if passes == 1 {
+            self.dataset.fill_train_batch(self.batch_size, batch);
+            return self.model.loss_and_grad(params, batch, grad);
+        }
+        if !self.batch_size.is_multiple_of(passes) {
+            return Err(TrainerError::BatchMismatch {
+                reason: format!(
+                    "{passes} micro-batches do not divide the batch of {}",
+                    self.batch_size
+                ),
+            });
+        }
+        let rows = self.batch_size / passes;
+        let scale = 1.0 / passes as f32;
+        let mut loss = 0.0f32;
+        for pass in 0..passes {
+            self.dataset.fill_train_batch(rows, batch);
+            let write = if pass == 0 {
+                GradWrite::Overwrite
+            } else {
+                GradWrite::Add { scale: 1.0 }
+            };
+            loss += self.model.loss_and_grad_into(params, batch, grad, write)?;
+        }
+        for g in grad.iter_mut() {
+            *g *= scale;
+        }
+        Ok(loss * scale)
     }
 
     /// Mean loss of `params` over the shared eval set.

@@ -3,7 +3,7 @@
 use murmur_trainer::data::{MarkovConfig, TeacherConfig};
 use murmur_trainer::{
     Activation, DataConfig, DataSource, GptConfig, MlpConfig, ModelConfig, OptimizerConfig,
-    PeerSampling, ScheduleConfig, TaskConfig,
+    PeerSampling, ScheduleConfig, TaskConfig, TaskPreset,
 };
 
 fn sampling(peer_seed: u64) -> PeerSampling {
@@ -136,4 +136,48 @@ fn a_task_can_move_to_another_thread() {
         task.local_step(&mut params, &mut batch, &mut grad, 0, 1)
     });
     assert!(handle.join().unwrap().unwrap().is_finite());
+}
+
+/// Gradient accumulation: four micro-batches of 4 give the gradient and loss of one pass
+/// over the same 16 samples (the Markov stream draws row by row, so both see the same rows),
+/// on the GPT and on the MLP.
+#[test]
+fn micro_batches_give_the_whole_batch_gradient() {
+    for preset in [TaskPreset::MarkovGpt, TaskPreset::TeacherMlp] {
+        let mut config = preset.config();
+        config.data.batch_size = 16;
+        let mut whole = config.build(sampling(3)).unwrap();
+        let mut parts = config.build(sampling(3)).unwrap();
+        let params = whole.model.init(17);
+        let mut batch = whole.dataset.empty_batch(16);
+        let mut g_whole = vec![0.0; params.len()];
+        let mut g_parts = vec![1.0; params.len()];
+        let l_whole = whole
+            .next_loss_and_grad(&params, &mut batch, &mut g_whole)
+            .unwrap();
+        parts.micro_batches = 4;
+        let l_parts = parts
+            .next_loss_and_grad(&params, &mut batch, &mut g_parts)
+            .unwrap();
+        assert!(
+            (l_whole - l_parts).abs() < 1e-5,
+            "{preset:?}: {l_whole} vs {l_parts}"
+        );
+        let norm: f32 = g_whole.iter().map(|g| g * g).sum::<f32>().sqrt();
+        let diff: f32 = g_whole
+            .iter()
+            .zip(&g_parts)
+            .map(|(a, b)| (a - b) * (a - b))
+            .sum::<f32>()
+            .sqrt();
+        assert!(
+            norm > 0.0 && diff < 1e-5 * norm,
+            "{preset:?}: {diff} of {norm}"
+        );
+        parts.micro_batches = 3;
+        let error = parts
+            .next_loss_and_grad(&params, &mut batch, &mut g_parts)
+            .unwrap_err();
+        assert!(error.to_string().contains("do not divide"), "{error}");
+    }
 }

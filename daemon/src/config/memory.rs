@@ -6,7 +6,7 @@
 //! - the training state: [`STATE_COPIES`] copies of the parameters (the parameters and
 //!   their gradient, in the trainer and in candle's graph; up to two optimizer slots; the
 //!   averaging engine's buffers; the snapshot served to joiners and written to checkpoints);
-//! - the activations one batch keeps for its backward pass (a GPT's per-token blocks,
+//! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of it) (a GPT's per-token blocks,
 //!   attention scores and logits; an MLP's layer outputs), twice over for their gradients.
 //!
 //! It is compared with the memory this host has available (`MemAvailable` in
@@ -29,7 +29,7 @@ pub(crate) struct MemoryEstimate {
     pub(crate) params: u64,
     /// Bytes of the training state ([`STATE_COPIES`] copies of the parameters).
     pub(crate) state_bytes: u64,
-    /// Bytes of one batch's activations and their gradients.
+    /// Bytes of one pass's activations and their gradients.
     pub(crate) activation_bytes: u64,
 }
 
@@ -44,7 +44,7 @@ impl fmt::Display for MemoryEstimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "about {} ({} parameters: {} of training state, {} of activations per batch)",
+            "about {} ({} parameters: {} of training state, {} of activations per pass)",
             Bytes(self.total()),
             self.params,
             Bytes(self.state_bytes),
@@ -69,10 +69,16 @@ impl fmt::Display for Bytes {
     }
 }
 
-/// The estimate for `task` with `params` parameters on data of `shape`.
-pub(crate) fn estimate(task: &TaskConfig, shape: DataShape, params: usize) -> MemoryEstimate {
+/// The estimate for `task` with `params` parameters on data of `shape`, each step's batch
+/// cut into `micro_batches` passes.
+pub(crate) fn estimate(
+    task: &TaskConfig,
+    shape: DataShape,
+    params: usize,
+    micro_batches: usize,
+) -> MemoryEstimate {
     let params = params as u64;
-    let batch = task.data.batch_size as u64;
+    let batch = (task.data.batch_size / micro_batches.max(1)).max(1) as u64;
     let per_sample = match (&task.model, shape) {
         (ModelConfig::Gpt(gpt), DataShape::Tokens { vocab, context }) => {
             let width = gpt.width as u64;
@@ -131,7 +137,7 @@ mod tests {
             context: 2048,
         };
         let params = 64 * 12 * 8192 * 8192;
-        let estimate = estimate(&task, shape, params);
+        let estimate = estimate(&task, shape, params, 1);
         assert!(estimate.state_bytes > 1 << 40, "{estimate}");
         assert!(estimate.total() > estimate.state_bytes);
         assert!(estimate.to_string().contains("GiB"), "{estimate}");
@@ -142,8 +148,14 @@ mod tests {
         let task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
         let params = crate::config::param_count(&task).expect("a size");
-        let estimate = estimate(&task, shape, params);
+        let estimate = estimate(&task, shape, params, 1);
         assert!(estimate.total() < 256 << 20, "{estimate}");
+        let quarter = super::estimate(&task, shape, params, 4);
+        assert_eq!(quarter.state_bytes, estimate.state_bytes);
+        assert!(
+            quarter.activation_bytes * 4 <= estimate.activation_bytes,
+            "{quarter}"
+        );
         assert!(available_bytes().is_some_and(|b| b > 0));
     }
 }

@@ -13,6 +13,7 @@
 
 mod error;
 mod files;
+pub(crate) mod frames;
 mod load;
 mod locate;
 mod memory;
@@ -112,6 +113,8 @@ pub(crate) struct Training {
     pub(crate) min_peers: usize,
     /// The bound on that wait.
     pub(crate) start_timeout: Duration,
+    /// Passes each step's batch is cut into (gradient accumulation).
+    pub(crate) micro_batches: usize,
 }
 
 /// `[averaging]`, loaded.
@@ -130,10 +133,18 @@ pub(crate) struct Averaging {
 
 /// How much memory the model needs (see [`memory`]), when its size follows from the config
 /// alone.
-pub(crate) fn memory_estimate(task: &TaskConfig) -> Option<memory::MemoryEstimate> {
+pub(crate) fn memory_estimate(
+    task: &TaskConfig,
+    micro_batches: usize,
+) -> Option<memory::MemoryEstimate> {
     let shape = validate::data_shape(task)?;
     let model = Model::new(&task.model, shape).ok()?;
-    Some(memory::estimate(task, shape, model.param_count()))
+    Some(memory::estimate(
+        task,
+        shape,
+        model.param_count(),
+        micro_batches,
+    ))
 }
 
 /// The model's parameter count, when it follows from the config alone (every data source

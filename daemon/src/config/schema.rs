@@ -137,6 +137,8 @@ pub(crate) struct TrainingSection {
     pub(crate) min_peers: usize,
     /// How long to wait for `min_peers`, in milliseconds.
     pub(crate) start_timeout_ms: u64,
+    /// Passes each step's batch is cut into, their gradients accumulated.
+    pub(crate) micro_batches: usize,
 }
 
 impl Default for TrainingSection {
@@ -150,6 +152,7 @@ impl Default for TrainingSection {
             synthetic_step_ms: 0,
             min_peers: 0,
             start_timeout_ms: 30_000,
+            micro_batches: 1,
         }
     }
 }

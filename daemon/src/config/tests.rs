@@ -201,6 +201,11 @@ fn out_of_range_values_name_their_key_line_and_value() {
         ("keep = 3\n", "keep = 0\n", "checkpoint.keep"),
         ("slowdown = 1.0\n", "slowdown = 0.5\n", "training.slowdown"),
         (
+            "micro_batches = 1\n",
+            "micro_batches = 3\n",
+            "training.micro_batches",
+        ),
+        (
             "synthetic_step_ms = 0\n",
             "synthetic_step_ms = 60001\n",
             "training.synthetic_step_ms",

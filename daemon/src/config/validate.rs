@@ -10,14 +10,15 @@ use std::ops::RangeInclusive;
 use std::path::Path;
 use std::str::FromStr;
 
-use murmur_gossip::butterfly::ButterflyError;
-use murmur_gossip::net::NetError;
+use murmur_gossip::butterfly::{ButterflyConfig, ButterflyError};
+use murmur_gossip::net::{NetConfig, NetError};
 use murmur_gossip::sgp::{SgpConfig, SgpError};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{PeerId, SwarmId};
 use murmur_trainer::{DataShape, DataSource, Model, TaskConfig, TrainerDevice};
 
 use super::error::{ConfigError, Location};
+use super::frames;
 use super::locate::{Document, Place};
 use super::memory::{self, Bytes};
 use super::schema::{Config, SgpSection};
@@ -134,11 +135,23 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
         schedule: config.schedule,
     };
     task.validate().map_err(|e| trainer_error(at, e))?;
+    let micro_batches = config.training.micro_batches;
+    if micro_batches == 0 || !task.data.batch_size.is_multiple_of(micro_batches) {
+        return Err(at.invalid(
+            "training.micro_batches",
+            1,
+            format!(
+                "must divide data.batch_size ({}): each step's batch is cut into this many \
+                 equal passes",
+                task.data.batch_size
+            ),
+        ));
+    }
     // Building the model checks what `validate` cannot see alone, such as a vocabulary
     // smaller than the data's; it only lays out the parameters, so it is cheap.
     if let Some(shape) = data_shape(&task) {
         let model = Model::new(&task.model, shape).map_err(|e| trainer_error(at, e))?;
-        let estimate = memory::estimate(&task, shape, model.param_count());
+        let estimate = memory::estimate(&task, shape, model.param_count(), micro_batches);
         if let Some(available) = memory::available_bytes()
             && estimate.total() > available
         {
@@ -147,12 +160,29 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
                 "",
                 format!(
                     "this model needs {estimate}, more than the {} this host has available; \
-                     make it smaller (model.width, model.layers, model.context) or lower \
-                     data.batch_size",
+                     make it smaller (model.width, model.layers, model.context), lower \
+                     data.batch_size, or raise training.micro_batches",
                     Bytes(available)
                 ),
             ));
         }
+        let need = frames::largest_frame(
+            averaging.mode,
+            codec,
+            model.param_count(),
+            &averaging.butterfly,
+        );
+        frames::check(need, config.net.max_frame_payload).map_err(|(key, message)| {
+            let default = match key {
+                "net.max_frame_payload" => NetConfig::default().max_frame_payload.to_string(),
+                "averaging.butterfly.chunk_elements" => {
+                    ButterflyConfig::default().chunk_elements.to_string()
+                }
+                "averaging.mode" => "\"sgp\"".to_owned(),
+                _ => String::new(),
+            };
+            at.invalid(key, default, message)
+        })?;
     }
 
     let device = match config.training.device.as_str() {

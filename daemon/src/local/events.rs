@@ -80,6 +80,9 @@ pub(crate) struct Done {
     pub(crate) bytes_received: u64,
     #[serde(default)]
     pub(crate) raw_bytes: u64,
+    /// The process's peak resident memory (`VmHWM`), where it could be read.
+    #[serde(default)]
+    pub(crate) peak_rss_bytes: Option<u64>,
     pub(crate) exit: DoneExit,
     #[serde(default)]
     pub(crate) error: Option<String>,

@@ -83,6 +83,8 @@ pub(crate) struct PeerSummary {
     pub(crate) compression_ratio: Option<f64>,
     pub(crate) rounds: u64,
     pub(crate) restarts: u32,
+    /// Peak resident memory of its last process (`VmHWM`), from its `done` line.
+    pub(crate) peak_rss_bytes: Option<u64>,
 }
 
 /// What the summary is built from besides the records.
@@ -189,6 +191,7 @@ impl Summary {
                     compression_ratio: ratio(totals.raw_bytes, totals.bytes_sent),
                     rounds: r.rounds,
                     restarts: r.restarts,
+                    peak_rss_bytes: r.done.as_ref().and_then(|d| d.peak_rss_bytes),
                 }
             })
             .collect();

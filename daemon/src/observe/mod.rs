@@ -108,7 +108,7 @@ mod gpu;
 mod http;
 mod logging;
 pub(crate) mod network;
-mod process;
+pub(crate) mod process;
 mod registry;
 mod request;
 mod status;

@@ -18,13 +18,25 @@ const USER_HZ: f64 = 100.0;
 
 /// Resident set size in bytes, from the `VmRSS:` line of `/proc/<pid>/status` (in kB).
 pub(super) fn parse_resident_bytes(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let mut fields = line["VmRSS:".len()..].split_whitespace();
+    status_kib_field(status, "VmRSS:")
+}
+
+/// A `NAME:  N kB` line of a `/proc/<pid>/status` text, in bytes.
+pub(crate) fn status_kib_field(status: &str, name: &str) -> Option<u64> {
+    let line = status.lines().find_map(|l| l.strip_prefix(name))?;
+    let mut fields = line.split_whitespace();
     let kib: u64 = fields.next()?.parse().ok()?;
     match fields.next() {
         Some("kB") => kib.checked_mul(1024),
         _ => None,
     }
+}
+
+/// This process's `NAME:` field of `/proc/self/status` in bytes (`VmRSS:` now, `VmHWM:` at
+/// its peak); `None` where there is no such file (not Linux) or it does not parse.
+pub(crate) fn own_status_bytes(name: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status_kib_field(&status, name)
 }
 
 /// User plus system CPU seconds, from `/proc/<pid>/stat`. The command name (field 2) is in
@@ -112,6 +124,17 @@ mod tests {
         assert_eq!(parse_resident_bytes("Name:\tmurmur\n"), None);
         assert_eq!(parse_resident_bytes("VmRSS:\tmany kB\n"), None);
         assert_eq!(parse_resident_bytes("VmRSS:\t12 pages\n"), None);
+        assert_eq!(parse_resident_bytes("VmRSS:\t-3 kB\n"), None);
+        let status = "VmHWM:\t  7168 kB\nVmRSS:\t 5120 kB\n";
+        assert_eq!(status_kib_field(status, "VmHWM:"), Some(7168 * 1024));
+    }
+
+    #[test]
+    fn this_process_has_resident_memory_and_a_peak_at_least_as_high() {
+        // Linux only, like the daemon: a running process holds at least a page.
+        let rss = own_status_bytes("VmRSS:").expect("/proc/self/status has VmRSS");
+        let peak = own_status_bytes("VmHWM:").expect("/proc/self/status has VmHWM");
+        assert!(rss >= 4096 && peak >= rss, "{rss} {peak}");
     }
 
     #[test]

@@ -94,6 +94,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .task
         .build(sampling)
         .context("cannot build the training task")?;
+    task.micro_batches = settings.micro_batches;
     let device = settings.device.device.clone();
     task.model
         .set_device(device)
@@ -103,6 +104,13 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let loss_floor = task.dataset.loss_floor();
     let layout = task.model.layout().clone();
     let len = params.len();
+    // `config check` did this where the config alone gives the model's size; with IDX
+    // files the size is known only now.
+    let frame = crate::config::frames::largest_frame_of(&settings.mode, settings.codec, len);
+    if let Err((key, message)) = crate::config::frames::check(frame, settings.net.max_frame_payload)
+    {
+        anyhow::bail!("{key}: {message}");
+    }
     let optimizer = SharedOptimizer::default();
     let fault = fault::Fault::from_env()?;
     if let Some(fault) = fault {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::clock::unix_ms;
+use crate::observe::process::own_status_bytes;
 use murmur_gossip::engine::RoundReport;
 use murmur_protocol::identity::PeerId;
 
@@ -150,7 +151,7 @@ impl Progress {
             "shares_received": c.shares_received,
             "mode": self.mode,
             "drift": c.drift,
-            "rss_bytes": resident_bytes(),
+            "rss_bytes": own_status_bytes("VmRSS:"),
         }));
     }
 
@@ -238,6 +239,7 @@ impl Progress {
             "bytes_sent": c.bytes_sent,
             "bytes_received": c.bytes_received,
             "raw_bytes": c.raw_bytes,
+            "peak_rss_bytes": own_status_bytes("VmHWM:"),
             "exit": exit,
             "error": error,
         }));
@@ -255,20 +257,6 @@ fn rate(bytes_per_s: f64) -> String {
     }
 }
 
-/// This process's resident memory, from `/proc/self/status`; `None` where there is no such
-/// file (not Linux) or it cannot be read.
-fn resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    resident_bytes_in(&status)
-}
-
-/// The `VmRSS:` line of a `/proc/PID/status` text, in bytes.
-fn resident_bytes_in(status: &str) -> Option<u64> {
-    let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?;
-    let kib = line.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()?;
-    kib.checked_mul(1024)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,21 +267,5 @@ mod tests {
         assert_eq!(rate(850.4), "850 B/s");
         assert_eq!(rate(12_345.0), "12.3 kB/s");
         assert_eq!(rate(4_100_000.0), "4.1 MB/s");
-    }
-
-    #[test]
-    fn resident_memory_is_read_from_the_status_text() {
-        let status = "Name:\tmurmur\nVmPeak:\t  9000 kB\nVmRSS:\t   5120 kB\nThreads:\t4\n";
-        assert_eq!(resident_bytes_in(status), Some(5120 * 1024));
-        assert_eq!(resident_bytes_in("Name:\tx\n"), None);
-        assert_eq!(resident_bytes_in("VmRSS:\t12 pages\n"), None);
-        assert_eq!(resident_bytes_in("VmRSS:\t-3 kB\n"), None);
-    }
-
-    #[test]
-    fn this_process_has_resident_memory() {
-        // Linux only, like the daemon: a running process holds at least a page.
-        let rss = resident_bytes().expect("/proc/self/status has VmRSS");
-        assert!(rss >= 4096, "{rss}");
     }
 }

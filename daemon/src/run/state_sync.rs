@@ -4,16 +4,20 @@
 //! The snapshot (parameters, step, samples; see `murmur_protocol::snapshot`) is zstd-
 //! compressed and named by its SHA-256 digest. The first request takes whatever snapshot
 //! the server holds; later ones name its digest, so every range comes from the same
-//! snapshot. The server keeps its previous snapshot as well as the current one, so that a
-//! refresh in the middle of a download does not break it; a download that fails part way
-//! resumes from the bytes it already has, against another server if need be. The whole
-//! download is bounded in time, and a peer that serves state keeps training: the serving
-//! task only reads the shared snapshot cell.
+//! snapshot. Up to [`WINDOW`] ranges are in flight at once, so a download moves `WINDOW`
+//! ranges per round trip rather than one. The server keeps its previous snapshot as well as
+//! the current one, so that a refresh in the middle of a download does not break it; a
+//! download that fails part way resumes from the bytes it already has against the next
+//! server, or starts over from that server's snapshot when it no longer holds the same one.
+//! The download is bounded by progress, not in total: every range must come within the
+//! network's request timeout, so a large state on a slow link takes as long as it needs
+//! while a stalled server is given up on. A peer that serves state keeps training: the
+//! serving task only reads the shared snapshot cell.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+use futures::StreamExt as _;
 use murmur_gossip::net::{ControlFrame, InboundControl, NetHandle};
 use murmur_protocol::frame::{Frame, FrameLimits};
 use murmur_protocol::identity::PeerId;
@@ -23,8 +27,10 @@ use tokio::sync::mpsc;
 
 /// Payload bytes per response: a control frame holds at most 64 KiB.
 const RANGE_BYTES: u32 = 48 * 1024;
-/// How long a whole download may take.
-const DOWNLOAD_BOUND: Duration = Duration::from_secs(60);
+/// Range requests in flight to one server at once.
+const WINDOW: usize = 8;
+/// The most bytes a served snapshot may announce (16 GiB).
+const MAX_SNAPSHOT_BYTES: u64 = 1 << 34;
 /// zstd level of served snapshots.
 const LEVEL: i32 = 3;
 
@@ -144,78 +150,140 @@ pub(crate) async fn download(
     limits: &FrameLimits,
     snapshot_limits: &SnapshotLimits,
 ) -> anyhow::Result<Snapshot> {
-    let work = async {
-        let mut bytes: Vec<u8> = Vec::new();
-        let mut digest = [0u8; 32];
-        let mut last_error = None;
-        for server in servers {
-            match fetch(net, server, limits, &mut bytes, &mut digest).await {
-                Ok(()) => {
-                    let snapshot = Snapshot::decode(&bytes, snapshot_limits)
-                        .context("the downloaded state does not decode")?;
-                    tracing::info!(%server, bytes = bytes.len(), "state downloaded");
-                    return Ok(snapshot);
-                }
-                Err(e) => {
-                    tracing::warn!(%server, error = format!("{e:#}"), "state download interrupted; trying the next peer");
-                    last_error = Some(e);
-                }
+    let started = std::time::Instant::now();
+    let mut partial = Partial::default();
+    let mut last_error = None;
+    for server in servers {
+        let mut result = fetch(net, server, limits, &mut partial).await;
+        if let Err(Fetch::OtherSnapshot) = result {
+            tracing::info!(%server, kept = partial.bytes.len(), "this peer serves another snapshot; starting over from it");
+            partial = Partial::default();
+            result = fetch(net, server, limits, &mut partial).await;
+        }
+        match result {
+            Ok(()) => {
+                let snapshot = Snapshot::decode(&partial.bytes, snapshot_limits)
+                    .context("the downloaded state does not decode")?;
+                let took_s = started.elapsed().as_secs_f64();
+                tracing::info!(%server, bytes = partial.bytes.len(), took_s, "state downloaded");
+                return Ok(snapshot);
+            }
+            Err(e) => {
+                let e = anyhow::Error::from(e);
+                tracing::warn!(%server, error = format!("{e:#}"), "state download interrupted; trying the next peer");
+                last_error = Some(e);
             }
         }
-        Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no peer to download the state from")))
-    };
-    tokio::time::timeout(DOWNLOAD_BOUND, work)
-        .await
-        .map_err(|_| anyhow::anyhow!("the state download took longer than {DOWNLOAD_BOUND:?}"))?
+    }
+    Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no peer to download the state from")))
 }
 
-/// Fetches ranges from `server` until the snapshot named by `digest` is whole.
+/// The bytes of one snapshot fetched so far, and its digest once a server named it.
+#[derive(Debug, Default)]
+struct Partial {
+    bytes: Vec<u8>,
+    digest: [u8; 32],
+    total: Option<u64>,
+}
+
+/// Why fetching from one server stopped.
+#[derive(Debug, thiserror::Error)]
+enum Fetch {
+    /// The server no longer serves (or never served) the snapshot being downloaded.
+    #[error("the server serves another snapshot")]
+    OtherSnapshot,
+    #[error(transparent)]
+    Failed(#[from] anyhow::Error),
+}
+
+/// Fetches ranges from `server` until the snapshot in `partial` is whole: one range first
+/// (which names the snapshot and its length when `partial` has not yet), then the rest
+/// with [`WINDOW`] requests in flight, appended in order.
 async fn fetch(
     net: &NetHandle,
     server: &PeerId,
     limits: &FrameLimits,
-    bytes: &mut Vec<u8>,
-    digest: &mut [u8; 32],
-) -> anyhow::Result<()> {
-    loop {
-        let request = Message::StateSyncRequest(StateSyncRequest {
-            from_offset: bytes.len() as u64,
-            max_bytes: RANGE_BYTES,
-            expected_digest: *digest,
-        });
-        let frame: ControlFrame = net.send_control(server, &request).await?;
-        let (frame, _) = Frame::parse(frame.as_bytes(), limits).context("a bad response frame")?;
-        match Message::from_frame(&frame).context("a bad response")? {
-            Message::StateSyncResponse(r) => {
-                if *digest == [0; 32] {
-                    *digest = r.digest;
-                } else if r.digest != *digest {
-                    bail!("the server answered from another snapshot");
-                }
-                if r.offset != bytes.len() as u64 || r.total_len > 1 << 34 {
-                    bail!("the server answered a range that was not asked for");
-                }
-                bytes.extend_from_slice(r.payload);
-                if r.last {
-                    if bytes.len() as u64 != r.total_len {
-                        bail!(
-                            "the snapshot ended at {} of {} bytes",
-                            bytes.len(),
-                            r.total_len
-                        );
-                    }
-                    let got = Snapshot::digest_of(bytes).context("the snapshot header")?;
-                    if got != *digest {
-                        bail!("the snapshot's digest does not match the one announced");
-                    }
-                    return Ok(());
-                }
-                if r.payload.is_empty() {
-                    bail!("the server sent an empty range before the end");
-                }
-            }
-            Message::Reject(r) => bail!("refused: {}", r.text),
-            other => bail!("unexpected answer {:?}", other.kind()),
+    partial: &mut Partial,
+) -> Result<(), Fetch> {
+    let first = request(net, server, partial.bytes.len() as u64, partial.digest).await?;
+    if take(&first, limits, partial)? {
+        return Ok(());
+    }
+    let total = partial.total.unwrap_or(0);
+    let digest = partial.digest;
+    let offsets = (partial.bytes.len() as u64..total).step_by(RANGE_BYTES as usize);
+    let mut ranges = futures::stream::iter(offsets)
+        .map(|offset| request(net, server, offset, digest))
+        .buffered(WINDOW);
+    while let Some(range) = ranges.next().await {
+        if take(&range?, limits, partial)? {
+            return Ok(());
         }
     }
+    Err(anyhow::anyhow!("the server's ranges ended before the snapshot did").into())
+}
+
+/// Asks `server` for the range of the snapshot `digest` (any, when zero) at `offset`.
+async fn request(
+    net: &NetHandle,
+    server: &PeerId,
+    offset: u64,
+    digest: [u8; 32],
+) -> anyhow::Result<ControlFrame> {
+    let request = Message::StateSyncRequest(StateSyncRequest {
+        from_offset: offset,
+        max_bytes: RANGE_BYTES,
+        expected_digest: digest,
+    });
+    Ok(net.send_control(server, &request).await?)
+}
+
+/// Appends one answered range to `partial`; `true` once the snapshot is whole and its
+/// digest checked.
+fn take(frame: &ControlFrame, limits: &FrameLimits, partial: &mut Partial) -> Result<bool, Fetch> {
+    let (frame, _) = Frame::parse(frame.as_bytes(), limits).context("a bad response frame")?;
+    let r = match Message::from_frame(&frame).context("a bad response")? {
+        Message::StateSyncResponse(r) => r,
+        Message::Reject(r) if r.code == RejectCode::Unavailable && partial.digest != [0; 32] => {
+            return Err(Fetch::OtherSnapshot);
+        }
+        Message::Reject(r) => return Err(anyhow::anyhow!("refused: {}", r.text).into()),
+        other => return Err(anyhow::anyhow!("unexpected answer {:?}", other.kind()).into()),
+    };
+    if partial.digest == [0; 32] {
+        partial.digest = r.digest;
+    } else if r.digest != partial.digest {
+        return Err(Fetch::OtherSnapshot);
+    }
+    if partial.total.is_some_and(|t| t != r.total_len) || r.total_len > MAX_SNAPSHOT_BYTES {
+        return Err(
+            anyhow::anyhow!("the server announced another length for the same snapshot").into(),
+        );
+    }
+    partial.total = Some(r.total_len);
+    if r.offset != partial.bytes.len() as u64 {
+        return Err(anyhow::anyhow!("the server answered a range that was not asked for").into());
+    }
+    partial.bytes.extend_from_slice(r.payload);
+    if !r.last {
+        if r.payload.is_empty() {
+            return Err(anyhow::anyhow!("the server sent an empty range before the end").into());
+        }
+        return Ok(false);
+    }
+    if partial.bytes.len() as u64 != r.total_len {
+        return Err(anyhow::anyhow!(
+            "the snapshot ended at {} of {} bytes",
+            partial.bytes.len(),
+            r.total_len
+        )
+        .into());
+    }
+    let got = Snapshot::digest_of(&partial.bytes).context("the snapshot header")?;
+    if got != partial.digest {
+        return Err(
+            anyhow::anyhow!("the snapshot's digest does not match the one announced").into(),
+        );
+    }
+    Ok(true)
 }

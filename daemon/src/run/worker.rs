@@ -281,12 +281,9 @@ impl WorkerState {
                 let started = Instant::now();
                 // `Task::local_step`, with the passes timed for the device's metrics.
                 let task = &mut self.task;
-                task.dataset
-                    .fill_train_batch(task.batch_size, &mut self.batch);
                 let passes = Instant::now();
                 let loss = task
-                    .model
-                    .loss_and_grad(&params, &self.batch, &mut self.grad)
+                    .next_loss_and_grad(&params, &mut self.batch, &mut self.grad)
                     .context("local step")?;
                 self.watch.passes_took(passes.elapsed());
                 let lr = task.schedule.lr(step, swarm_batch);
@@ -310,15 +307,11 @@ impl WorkerState {
             }
             Work::Gradient { params, mut grad } => {
                 let started = Instant::now();
-                self.task
-                    .dataset
-                    .fill_train_batch(self.task.batch_size, &mut self.batch);
                 grad.resize(params.len(), 0.0);
                 let passes = Instant::now();
                 let loss = self
                     .task
-                    .model
-                    .loss_and_grad(&params, &self.batch, &mut grad)
+                    .next_loss_and_grad(&params, &mut self.batch, &mut grad)
                     .context("gradient")?;
                 self.watch.passes_took(passes.elapsed());
                 self.stretch(started.elapsed());

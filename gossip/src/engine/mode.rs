@@ -59,6 +59,16 @@ impl ModeSettings {
             ModeSettings::Solo => AveragingMode::Solo,
         }
     }
+
+    /// The matchmaking, chunk and timeout settings of the modes that form groups.
+    pub fn butterfly(&self) -> Option<&ButterflyConfig> {
+        match self {
+            ModeSettings::Butterfly { butterfly, .. }
+            | ModeSettings::LocalSgd { butterfly, .. }
+            | ModeSettings::SyncRing { butterfly, .. } => Some(butterfly),
+            ModeSettings::Sgp(_) | ModeSettings::Solo => None,
+        }
+    }
 }
 
 /// What every engine is built from besides its mode.

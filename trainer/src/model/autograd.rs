@@ -47,28 +47,62 @@ impl ParamTensors {
         &self.tensors[index]
     }
 
-    /// Copies every tensor's gradient into `grad_out` (zeros where a tensor got none).
+    /// Writes every tensor's gradient into `grad_out` as `write` says (a tensor that got
+    /// none counts as zeros).
     pub(crate) fn write_grads(
         &self,
         grads: &GradStore,
         layout: &ParamLayout,
         grad_out: &mut [f32],
+        write: GradWrite,
     ) -> Result<(), TrainerError> {
         TrainerError::check_len("grad", layout.len(), grad_out.len())?;
         for (spec, tensor) in layout.tensors().iter().zip(&self.tensors) {
             let out = &mut grad_out[spec.range()];
-            match grads.get(tensor) {
-                Some(grad) => copy_to_slice(grad, out)?,
-                None => out.fill(0.0),
+            match (grads.get(tensor), write) {
+                (Some(grad), GradWrite::Overwrite) => copy_to_slice(grad, out)?,
+                (Some(grad), GradWrite::Add { scale }) => add_to_slice(grad, scale, out)?,
+                (None, GradWrite::Overwrite) => out.fill(0.0),
+                (None, GradWrite::Add { .. }) => {}
             }
         }
         Ok(())
     }
 }
 
+/// How a backward pass writes its gradient into the caller's flat buffer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GradWrite {
+    /// Replace the buffer's contents.
+    Overwrite,
+    /// Add `scale` times the gradient (micro-batches: `1 / k` each, summed over `k`).
+    Add {
+        /// The factor on this pass's gradient.
+        scale: f32,
+    },
+}
+
 /// Copies an f32 tensor into `out` (which must have its element count); a tensor on a GPU
 /// comes to the host first.
 pub(crate) fn copy_to_slice(tensor: &Tensor, out: &mut [f32]) -> Result<(), TrainerError> {
+    with_host_values(tensor, out.len(), |values| out.copy_from_slice(values))
+}
+
+/// Adds `scale` times an f32 tensor to `out` (which must have its element count).
+fn add_to_slice(tensor: &Tensor, scale: f32, out: &mut [f32]) -> Result<(), TrainerError> {
+    with_host_values(tensor, out.len(), |values| {
+        for (out, &value) in out.iter_mut().zip(values) {
+            *out += scale * value;
+        }
+    })
+}
+
+/// Calls `use_values` with a tensor's `len` f32 values in host memory.
+fn with_host_values(
+    tensor: &Tensor,
+    len: usize,
+    use_values: impl FnOnce(&[f32]),
+) -> Result<(), TrainerError> {
     let tensor = if tensor.device().is_cpu() {
         tensor.contiguous()?
     } else {
@@ -87,8 +121,8 @@ pub(crate) fn copy_to_slice(tensor: &Tensor, out: &mut [f32]) -> Result<(), Trai
             reason: "gradient tensor is not contiguous".into(),
         })?;
     let values = &values[start..end];
-    TrainerError::check_len("grad tensor", out.len(), values.len())?;
-    out.copy_from_slice(values);
+    TrainerError::check_len("grad tensor", len, values.len())?;
+    use_values(values);
     Ok(())
 }
 

@@ -8,7 +8,8 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::autograd::{ParamTensors, cross_entropy, layer_norm, softmax_last};
+use super::autograd::{GradWrite, ParamTensors, cross_entropy, layer_norm, softmax_last};
+use super::gpt_preset::GptSection;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
@@ -20,13 +21,10 @@ const LN_EPS: f64 = 1e-5;
 /// Tensors per transformer block in the layout.
 const PER_BLOCK: usize = 12;
 
-fn default_mlp_ratio() -> usize {
-    4
-}
-
-/// The `[model]` section for `kind = "gpt"`.
+/// The `[model]` section for `kind = "gpt"`: the shape, written key by key or named by
+/// `preset` ([`GptPreset`](super::GptPreset)) with any key overriding the preset's.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "GptSection")]
 pub struct GptConfig {
     /// Number of transformer blocks.
     pub layers: usize,
@@ -37,10 +35,8 @@ pub struct GptConfig {
     /// Longest sequence the model reads (positional table size); data windows have this length.
     pub context: usize,
     /// Vocabulary size; defaults to the data's, may be larger (e.g. padded), never smaller.
-    #[serde(default)]
     pub vocab: Option<usize>,
-    /// MLP hidden width as a multiple of `width`.
-    #[serde(default = "default_mlp_ratio")]
+    /// MLP hidden width as a multiple of `width` (default 4).
     pub mlp_ratio: usize,
 }
 
@@ -190,12 +186,12 @@ impl Gpt {
         self.vocab
     }
 
-    /// Mean next-token loss; gradient into `grad_out` when given.
+    /// Mean next-token loss; gradient into `grad_out` when given, as its [`GradWrite`] says.
     pub(crate) fn run(
         &self,
         params: &[f32],
         batch: &Batch,
-        grad_out: Option<&mut [f32]>,
+        grad_out: Option<(&mut [f32], GradWrite)>,
     ) -> Result<f32, TrainerError> {
         let BatchInputs::Tokens { ids, context: t } = &batch.inputs else {
             return Err(TrainerError::BatchMismatch {
@@ -250,9 +246,9 @@ impl Gpt {
         let logits = x.matmul(&p.get(0).t()?)?;
         let targets = Tensor::from_slice(&batch.targets, n, &self.device)?;
         let loss = cross_entropy(&logits, &targets)?;
-        if let Some(grad_out) = grad_out {
+        if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
-            p.write_grads(&grads, &self.layout, grad_out)?;
+            p.write_grads(&grads, &self.layout, grad_out, write)?;
         }
         Ok(loss.to_scalar::<f32>()?)
     }

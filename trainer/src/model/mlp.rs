@@ -3,7 +3,7 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::autograd::{ParamTensors, cross_entropy};
+use super::autograd::{GradWrite, ParamTensors, cross_entropy};
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
@@ -123,12 +123,12 @@ impl Mlp {
         Ok(())
     }
 
-    /// Mean loss; gradient into `grad_out` when given.
+    /// Mean loss; gradient into `grad_out` when given, as its [`GradWrite`] says.
     pub(crate) fn run(
         &self,
         params: &[f32],
         batch: &Batch,
-        grad_out: Option<&mut [f32]>,
+        grad_out: Option<(&mut [f32], GradWrite)>,
     ) -> Result<f32, TrainerError> {
         let BatchInputs::Features { values, width } = &batch.inputs else {
             return Err(TrainerError::BatchMismatch {
@@ -173,9 +173,9 @@ impl Mlp {
         }
         let targets = Tensor::from_slice(&batch.targets, batch.rows, &self.device)?;
         let loss = cross_entropy(&x, &targets)?;
-        if let Some(grad_out) = grad_out {
+        if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
-            weights.write_grads(&grads, &self.layout, grad_out)?;
+            weights.write_grads(&grads, &self.layout, grad_out, write)?;
         }
         Ok(loss.to_scalar::<f32>()?)
     }

@@ -7,12 +7,15 @@
 mod autograd;
 mod gelu;
 mod gpt;
+mod gpt_preset;
 mod mlp;
 
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
+pub use autograd::GradWrite;
 pub use gpt::{Gpt, GptConfig};
+pub use gpt_preset::GptPreset;
 pub use mlp::{Activation, Mlp, MlpConfig};
 
 use crate::batch::Batch;
@@ -150,10 +153,22 @@ impl Model {
         batch: &Batch,
         grad_out: &mut [f32],
     ) -> Result<f32, TrainerError> {
+        self.loss_and_grad_into(params, batch, grad_out, GradWrite::Overwrite)
+    }
+
+    /// Mean loss over the batch, with its gradient written into `grad_out` as `write` says:
+    /// [`GradWrite::Add`] sums micro-batches' gradients into one buffer.
+    pub fn loss_and_grad_into(
+        &mut self,
+        params: &[f32],
+        batch: &Batch,
+        grad_out: &mut [f32],
+        write: GradWrite,
+    ) -> Result<f32, TrainerError> {
         TrainerError::check_len("grad", self.param_count(), grad_out.len())?;
         match self {
-            Model::Mlp(m) => m.run(params, batch, Some(grad_out)),
-            Model::Gpt(m) => m.run(params, batch, Some(grad_out)),
+            Model::Mlp(m) => m.run(params, batch, Some((grad_out, write))),
+            Model::Gpt(m) => m.run(params, batch, Some((grad_out, write))),
         }
     }
 
