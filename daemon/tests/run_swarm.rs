@@ -1,7 +1,8 @@
 //! Real SGP swarms of `murmur run` processes on loopback: a peer that joins late starts
 //! from the swarm's state, a peer stopped with SIGTERM hands off its mass and exits 0, and
 //! a peer killed with SIGKILL leaves the others training with no step held past the share
-//! timeout.
+//! timeout. And a butterfly joiner downloads a state that takes longer than the heartbeat
+//! silence bound.
 
 mod run_support;
 
@@ -295,4 +296,78 @@ fn kill_9_leaves_survivors_training_with_no_step_held_past_the_share_timeout() {
             peer.name
         );
     }
+}
+
+/// A butterfly joiner downloads the swarm's state (parameters and AdamW state of a 6.4M-
+/// parameter GPT, about 75 MB) and starts from it, though the download takes longer than
+/// the 1.6 heartbeat intervals after which peers give a silent peer up: the joiner keeps
+/// heartbeating while it downloads. Before it did, the servers dropped it mid-download and
+/// it started from its own initial parameters.
+#[test]
+fn a_butterfly_joiner_downloads_a_state_slower_than_the_heartbeat_bound() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let interval_ms = 100;
+    let peer = PeerSettings {
+        mode: "butterfly".to_owned(),
+        heartbeat_interval_ms: interval_ms,
+        model_width: Some(512),
+        eval_every_steps: 0,
+        ..settings()
+    };
+    let first = swarm.add_peer("p0");
+    first.write_config(&PeerSettings {
+        min_peers: 1,
+        ..peer.clone()
+    });
+    let mut p0 = first.start();
+    let address = p0.ready().json["listen"][0]
+        .as_str()
+        .expect("a listen address")
+        .to_owned();
+    let second = swarm.add_peer("p1");
+    second.write_config(&PeerSettings {
+        min_peers: 1,
+        bootstrap: vec![address.clone()],
+        ..peer.clone()
+    });
+    let mut p1 = second.start();
+    p1.ready();
+    for founder in [&mut p0, &mut p1] {
+        founder.wait_for("a few averaged steps", TRAINING_PATIENCE, |l| {
+            l.is("progress") && l.u64("step") >= 3
+        });
+    }
+
+    let joiner_dir = swarm.add_peer("joiner");
+    joiner_dir.write_config(&PeerSettings {
+        bootstrap: vec![address],
+        ..peer
+    });
+    let mut joiner = joiner_dir.start();
+    joiner.ready();
+    joiner.wait_for("a step after joining", TRAINING_PATIENCE, |l| {
+        l.is("progress") && l.u64("step") > 0
+    });
+    let log = joiner.log();
+    let downloaded = log
+        .lines()
+        .find(|l| l.contains("state downloaded"))
+        .unwrap_or_else(|| panic!("no state download in the joiner's log:\n{log}"));
+    let took_s: f64 = downloaded
+        .split("took_s=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or_else(|| panic!("no took_s in {downloaded}"));
+    let bound_s = 1.6 * interval_ms as f64 / 1000.0;
+    assert!(
+        took_s > bound_s,
+        "the download took {took_s} s, within the {bound_s} s silence bound: this run does not \
+         test it"
+    );
+    assert!(
+        !log.contains("cannot download the swarm's state"),
+        "the joiner started from local state:\n{log}"
+    );
 }

@@ -132,6 +132,42 @@ pub(crate) async fn meet_the_swarm(
     Met::Ready
 }
 
+/// Runs `work` (a state download) while staying in touch with the swarm as the meeting
+/// did: heartbeats go out on time and heard ones are noted, so that neither side gives the
+/// other up as silent however long the work takes. Without them the servers would drop a
+/// joiner 1.6 heartbeat intervals into a download, and the download with it.
+pub(crate) async fn keep_in_touch<T>(
+    peer: &Peer,
+    events: &mut broadcast::Receiver<NetEvent>,
+    membership: &mut Membership<PeerId>,
+    clock: &EngineClock,
+    work: impl Future<Output = T>,
+) -> T {
+    let mode = peer.settings.mode();
+    let mut work = std::pin::pin!(work);
+    loop {
+        let engine_now = clock.now();
+        if membership.beat_due(engine_now) {
+            publish_heartbeat(&peer.net, clock, mode, membership.own());
+        }
+        let wake =
+            (tokio::time::Instant::now() + MEET_TICK).min(clock.instant(membership.poll_timeout()));
+        tokio::select! {
+            done = &mut work => return done,
+            received = tokio::time::timeout_at(wake, events.recv()) => {
+                if let Ok(Ok(event)) = received {
+                    note_for_status(peer, &event);
+                    if let Some(Change::Left(gone)) =
+                        membership.note(clock.now(), member_event(clock, event))
+                    {
+                        peer.board.forget_peer(&gone);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Keeps `/status`'s list of peers up to date from the network's events.
 pub(crate) fn note_for_status(peer: &Peer, event: &NetEvent) {
     match event {

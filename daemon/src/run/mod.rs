@@ -24,7 +24,7 @@ use anyhow::Context as _;
 use murmur_gossip::engine::{EngineSetup, Membership, ModeEngine, Start};
 use murmur_gossip::net::driver::{self, DriverConfig, EngineClock, EngineIo};
 use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig};
-use murmur_gossip::net::{self, NetIdentity};
+use murmur_gossip::net::{self, NetEvent, NetIdentity};
 use murmur_trainer::{ParamLayout, PeerSampling, export_safetensors};
 use sha2::{Digest as _, Sha256};
 
@@ -263,7 +263,15 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     // An SGP joiner starts with no mass and takes the swarm's through shares; the other
     // modes download the swarm's state.
     if joining && mode != AveragingMode::Sgp {
-        join_from_swarm(&mut peer, &membership, &mut params, control_limits).await;
+        join_from_swarm(
+            &mut peer,
+            &mut events,
+            &mut membership,
+            &clock,
+            &mut params,
+            control_limits,
+        )
+        .await;
     }
     peer.load_pending_optimizer().await;
 
@@ -417,7 +425,9 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
 /// starts from what it has (its checkpoint or the initial parameters) and says so.
 async fn join_from_swarm(
     peer: &mut Peer,
-    membership: &Membership<murmur_protocol::identity::PeerId>,
+    events: &mut tokio::sync::broadcast::Receiver<NetEvent>,
+    membership: &mut Membership<murmur_protocol::identity::PeerId>,
+    clock: &EngineClock,
     params: &mut [f32],
     limits: FrameLimits,
 ) {
@@ -431,8 +441,9 @@ async fn join_from_swarm(
         max_raw_len: (params.len() as u64 * 4 + (1 << 20)) * 4,
         max_tensors: 64,
     };
-    let snapshot = match state_sync::download(&peer.net, &servers, &limits, &snapshot_limits).await
-    {
+    let net = peer.net.clone();
+    let download = state_sync::download(&net, &servers, &limits, &snapshot_limits);
+    let snapshot = match meet::keep_in_touch(peer, events, membership, clock, download).await {
         Ok(snapshot) => snapshot,
         Err(e) => {
             tracing::warn!(

@@ -182,6 +182,9 @@ pub(crate) struct PeerSettings {
     pub(crate) metrics_listen: Option<String>,
     /// With `metrics`: `[metrics] control_token_file`, relative to the peer's folder.
     pub(crate) control_token_file: Option<String>,
+    /// `[model] width` of the default GPT shape (2 layers, 2 heads, context 32); `None`
+    /// leaves the default model.
+    pub(crate) model_width: Option<usize>,
 }
 
 impl Default for PeerSettings {
@@ -205,6 +208,7 @@ impl Default for PeerSettings {
             net_keys: Vec::new(),
             metrics_listen: None,
             control_token_file: None,
+            model_width: None,
         }
     }
 }
@@ -341,6 +345,12 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         every = s.checkpoint_every_steps,
         keep = s.checkpoint_keep,
     );
+    if let Some(width) = s.model_width {
+        let _ = write!(
+            t,
+            "\n[model]\nkind = \"gpt\"\nlayers = 2\nheads = 2\nwidth = {width}\ncontext = 32\n"
+        );
+    }
     if s.metrics {
         let listen = s.metrics_listen.as_deref().unwrap_or("127.0.0.1:0");
         let _ = write!(t, "\n[metrics]\nlisten = {}\n", quoted(listen));
