@@ -53,7 +53,7 @@ impl fmt::Display for MemoryEstimate {
     }
 }
 
-/// A byte count in MiB or GiB.
+/// A byte count in KiB, MiB or GiB.
 pub(crate) struct Bytes(pub(crate) u64);
 
 impl fmt::Display for Bytes {
@@ -63,8 +63,10 @@ impl fmt::Display for Bytes {
         let bytes = self.0 as f64;
         if bytes >= GIB {
             write!(f, "{:.1} GiB", bytes / GIB)
-        } else {
+        } else if bytes >= MIB {
             write!(f, "{:.1} MiB", bytes / MIB)
+        } else {
+            write!(f, "{:.1} KiB", bytes / 1024.0)
         }
     }
 }
