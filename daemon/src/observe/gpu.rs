@@ -28,8 +28,8 @@ impl GpuMetrics {
         let memory_total = named(name, IntGauge::new(name, "Device memory in all."))?;
         let name = "murmur_gpu_kernel_seconds_total";
         let help = "Seconds of device work, by kind: forward_backward (a training step's \
-                    passes, with the parameter upload and gradient download) or a communication \
-                    kernel.";
+                    passes, with the parameter upload, gradient download and the batch's draw) or \
+                    a communication kernel.";
         let kernel_seconds = named(name, CounterVec::new(Opts::new(name, help), &["kernel"]))?;
         let inner = Inner {
             memory_used,

@@ -76,7 +76,7 @@
 //! | `murmur_process_open_fds` | gauge | | open file descriptors |
 //! | `murmur_gpu_memory_used_bytes` | gauge | | device memory in use, read after each training step (only when training on a GPU) |
 //! | `murmur_gpu_memory_total_bytes` | gauge | | device memory in all (only when training on a GPU) |
-//! | `murmur_gpu_kernel_seconds_total` | counter | kernel | seconds of device work: `forward_backward` is each step's passes with the parameter upload and gradient download (only when training on a GPU) |
+//! | `murmur_gpu_kernel_seconds_total` | counter | kernel | seconds of device work: `forward_backward` is each step's passes with the parameter upload, gradient download and the draw of its batch (all micro-batches; only when training on a GPU) |
 //!
 //! The `murmur_net_*` counters without a `codec` label and the throughput gauges are read
 //! from the network layer's own counters when `/metrics` is scraped, once
