@@ -11,7 +11,9 @@
 //! just written always stays; files of later steps (left by an earlier run) are always
 //! checked, and older files newest first until `keep` valid ones are counted, and each one that fails its check is moved aside to `<name>.corrupt` (kept
 //! for inspection, never loaded, never counted) rather than standing in for a valid one.
-//! Files older than the `keep` newest valid ones are removed.
+//! Files older than the `keep` newest valid ones are removed. Of the files moved aside,
+//! those of the [`CORRUPT_KEPT`] latest steps stay; older ones are removed, so that a disk
+//! that damages every write does not fill up with them.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -27,6 +29,8 @@ const SUFFIX: &str = ".snap";
 const TEMP_SUFFIX: &str = ".snap.tmp";
 /// Appended to the name of a checkpoint that failed its check when it is moved aside.
 pub(crate) const CORRUPT_SUFFIX: &str = ".corrupt";
+/// How many `.corrupt` files (those of the latest steps) stay in the folder.
+pub(crate) const CORRUPT_KEPT: usize = 3;
 /// The file [`check_writable`] creates and removes to prove the folder takes new files.
 const PROBE_NAME: &str = ".murmur-write-check";
 /// Checkpoint files hold the model and optimizer state: readable by their owner only.
@@ -224,11 +228,37 @@ impl CheckpointStore {
             path: path.to_owned(),
             source,
         })?;
+        self.trim_corrupt();
         Ok(SetAside {
             from: path.to_owned(),
             to,
             reason: reason.to_owned(),
         })
+    }
+
+    /// Removes the `.corrupt` files but those of the [`CORRUPT_KEPT`] latest steps. Best
+    /// effort: a file that cannot be listed or removed stays, and nothing else depends on it.
+    fn trim_corrupt(&self) {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return;
+        };
+        let corrupt_suffix = format!("{SUFFIX}{CORRUPT_SUFFIX}");
+        let mut corrupt: Vec<PathBuf> = entries
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(PREFIX) && n.ends_with(&corrupt_suffix))
+            })
+            .map(|entry| entry.path())
+            .collect();
+        // Zero-padded steps sort by name; the newest are last.
+        corrupt.sort();
+        let excess = corrupt.len().saturating_sub(CORRUPT_KEPT);
+        for path in &corrupt[..excess] {
+            let _ = fs::remove_file(path);
+        }
     }
 
     /// Reads and checks the checkpoint at `path`; the reason it cannot be used otherwise.
@@ -540,6 +570,27 @@ mod tests {
         let latest = store.latest_valid().unwrap();
         assert_eq!(latest.found.unwrap().1.step, 20);
         assert!(latest.skipped.is_empty());
+    }
+
+    #[test]
+    fn only_the_latest_corrupt_files_stay() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 1).unwrap();
+        for step in [10, 20, 30, 40, 50] {
+            let path = plant_corrupt(dir.path(), step);
+            store.set_aside(&path, "planted").unwrap();
+        }
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let kept: Vec<String> = [30, 40, 50]
+            .iter()
+            .map(|step| format!("{PREFIX}{step:020}{SUFFIX}{CORRUPT_SUFFIX}"))
+            .collect();
+        assert_eq!(left, kept);
+        assert_eq!(kept.len(), CORRUPT_KEPT);
     }
 
     #[test]
