@@ -253,6 +253,84 @@ fn a_crash_leaves_the_survivors_in_one_group() {
     assert!(after < 0.05 * solo, "error {after:.4}, alone {solo:.3}");
 }
 
+/// A target of one step from each of four peers, and one of them crashes: the three
+/// survivors' 96 samples are nearer the target of 128 than two steps' 192 are, so rounds
+/// still come every step instead of every second step, which would halve the updates.
+#[test]
+fn survivors_one_short_of_the_target_still_average_every_step() {
+    let mut s = scenario(4, 8);
+    s.churn = vec![ChurnEvent::Crash {
+        at_ms: 2_010.0,
+        peer: 2,
+    }];
+    let mode = ModeSettings::Butterfly {
+        target_batch: 4 * 32,
+        butterfly: butterfly_config(16),
+    };
+    let mut swarm = EngineSwarm::new(&s, config(mode, CodecSpec::F32)).unwrap();
+    run(&mut swarm, 4.0);
+    let before: Vec<(usize, u64)> = [0u32, 1, 3]
+        .iter()
+        .map(|&peer| (rounds_of(&swarm, peer), swarm.samples(peer)))
+        .collect();
+    run(&mut swarm, 14.0);
+    for (&peer, (rounds, samples)) in [0u32, 1, 3].iter().zip(before) {
+        let rounds = (rounds_of(&swarm, peer) - rounds) as f64;
+        let steps = (swarm.samples(peer) - samples) as f64 / 32.0;
+        assert!(steps >= 100.0, "peer {peer} took {steps} steps in 10 s");
+        assert!(
+            rounds >= 0.8 * steps,
+            "peer {peer}: {rounds} rounds in {steps} steps after the crash"
+        );
+    }
+}
+
+fn rounds_of(swarm: &EngineSwarm, peer: u32) -> usize {
+    swarm
+        .round_reports()
+        .iter()
+        .filter(|(p, _)| *p == peer)
+        .count()
+}
+
+/// Heartbeats once a second, steps of 50 ms, and a crash the transport does not report (a
+/// `kill -9` leaves a QUIC connection open until its idle timeout): a member whose last
+/// heartbeat said it was stepping towards the round, silent for three of its steps, is not
+/// waited for, so no survivor's group takes the gathering bound (800 ms here, a heartbeat
+/// interval and more in the daemon), wherever in the round cycle the crash lands.
+#[test]
+fn a_member_silent_for_three_of_its_steps_is_not_waited_for() {
+    let mut slowest = Vec::new();
+    for seed in 0..8u64 {
+        let mut s = scenario(4, seed);
+        s.link.detect_ms = 60_000.0;
+        s.churn = vec![ChurnEvent::Crash {
+            at_ms: 2_000.0 + seed as f64 * 23.0,
+            peer: 2,
+        }];
+        let mode = ModeSettings::Butterfly {
+            target_batch: 3 * 32,
+            butterfly: butterfly_config(16),
+        };
+        let mut config = config(mode, CodecSpec::F32);
+        config.heartbeat_ms = 1000;
+        let mut swarm = EngineSwarm::new(&s, config).unwrap();
+        run(&mut swarm, 6.0);
+        let worst = swarm
+            .round_reports()
+            .iter()
+            .filter(|(p, _)| *p != 2)
+            .map(|(_, r)| r.matchmaking)
+            .max()
+            .expect("rounds");
+        slowest.push(worst.as_millis());
+    }
+    assert!(
+        slowest.iter().all(|&ms| ms < 700),
+        "the slowest gathering per seed, ms: {slowest:?}"
+    );
+}
+
 /// The leader sizes parts by the bandwidth each member declares: with upload caps in the
 /// ratio 1 : 2 : 4 : 8 parts never shrink as bandwidth grows (members too slow to help
 /// reduce nothing, see `butterfly::partition`), the fastest reduces the most, and a member

@@ -33,6 +33,7 @@
 
 mod collective;
 mod early;
+mod gathering;
 pub mod local_sgd;
 mod membership;
 mod mode;

@@ -43,6 +43,7 @@ use crate::{PeerKey, Time};
 
 use super::collective::Collective;
 use super::early::{Early, Spares, group_of};
+use super::gathering::Gathering;
 use super::local_sgd::{LocalSgdSettings, OuterStep};
 use super::membership::{Beat, Change, Looking, MemberEvent, Membership};
 use super::{
@@ -177,6 +178,10 @@ pub struct RoundEngine<P> {
     rate: f64,
     /// How long this peer's last local step took.
     step_took: Duration,
+    /// When this peer's current round began, and how long its last one took from there to
+    /// its update applied.
+    round_began: Time,
+    round_took: Duration,
     /// Butterfly without overlap: the trainer waits until then for the others' steps in
     /// progress to make the round due, instead of starting a step the round would wait for.
     hold_until: Option<Time>,
@@ -240,6 +245,8 @@ impl<P: PeerKey> RoundEngine<P> {
             now: Time::ZERO,
             rate: 0.0,
             step_took: Duration::ZERO,
+            round_began: Time::ZERO,
+            round_took: Duration::ZERO,
             hold_until: None,
             settings,
         };
@@ -443,8 +450,10 @@ impl<P: PeerKey> RoundEngine<P> {
     fn due(&self) -> bool {
         match self.settings.policy {
             RoundPolicy::Butterfly { target_batch } => {
+                let gathered = self.samples + self.membership.samples_at(self.round);
                 self.samples > 0
-                    && self.samples + self.membership.samples_at(self.round) >= target_batch
+                    && (gathered >= target_batch
+                        || self.gathering().nearer_now(gathered, target_batch))
             }
             RoundPolicy::SyncRing => self.samples > 0,
             RoundPolicy::LocalSgd(_) => self
@@ -454,19 +463,30 @@ impl<P: PeerKey> RoundEngine<P> {
         }
     }
 
+    /// What this peer knows of the swarm's gathering towards its round.
+    fn gathering(&self) -> Gathering<'_, P> {
+        Gathering {
+            membership: &self.membership,
+            round: self.round,
+            now: self.now,
+            batch_size: self.settings.batch_size,
+            round_took: self.round_took,
+        }
+    }
+
     /// Starts looking for a group when the round is due.
     fn maybe_ready(&mut self, now: Time) -> Result<(), EngineError> {
-        if self.phase != Phase::Training || self.finishing || !self.due() {
-            return Ok(());
-        }
-        // The synchronous modes step and average in turn: the trainer must be done.
-        if !self.overlaps() && self.working.is_some() {
+        if self.phase != Phase::Training || self.finishing {
             return Ok(());
         }
         // A peer cut off from the rest counted rounds on its own and may come back behind
-        // the others' number; groups form only among peers at the same round.
+        // the others' number, and a joiner may have started from a state one round old;
+        // groups form only among peers at the same round, and a peer left behind would
+        // gather towards its old round alone while the others wait for it (it heartbeats
+        // at the round before theirs). It moves to the swarm's round, keeping what it
+        // gathered.
         let swarm = self.membership.swarm_step();
-        if swarm > self.round {
+        if swarm > self.round && self.samples > 0 {
             self.outputs
                 .push_back(EngineOutput::Event(EngineEvent::CaughtUp {
                     from: self.round,
@@ -474,6 +494,14 @@ impl<P: PeerKey> RoundEngine<P> {
                 }));
             self.round = swarm;
             self.engaged.clear();
+            self.announce(now);
+        }
+        if !self.due() {
+            return Ok(());
+        }
+        // The synchronous modes step and average in turn: the trainer must be done.
+        if !self.overlaps() && self.working.is_some() {
+            return Ok(());
         }
         self.phase = Phase::Matching { since: now };
         self.matchmaker.set_target_group(self.expected_group());
@@ -509,6 +537,7 @@ impl<P: PeerKey> RoundEngine<P> {
             .membership
             .heard()
             .filter(|(peer, _)| self.membership.fresh(peer, self.now, QUIET_INTERVALS))
+            .filter(|(peer, beat)| !self.gathering().missed_a_step(peer, beat))
             .filter(|(_, beat)| beat.step == round || beat.step + 1 == round)
             // One looking at a later round is bound to it until its own deadline.
             .filter(|(_, beat)| beat.looking.is_none_or(|l| l.round <= round))
@@ -667,6 +696,7 @@ impl<P: PeerKey> RoundEngine<P> {
             self.feed_chunk(now, &mut collective, from, parcel);
         }
         self.phase = Phase::Averaging;
+        self.round_began = now;
         self.quiet_in_round.clear();
         self.collective = Some(collective);
         self.announce(now);
@@ -827,6 +857,7 @@ impl<P: PeerKey> RoundEngine<P> {
     /// The round's update is applied: on to the next round.
     fn end_round(&mut self, now: Time) {
         self.hold_until = None;
+        self.round_took = now.saturating_since(self.round_began);
         self.round += 1;
         self.engaged.clear();
         self.rounds_done += 1;
@@ -978,6 +1009,10 @@ impl<P: PeerKey> RoundEngine<P> {
             self.lost(now, peer)?;
         }
         self.silent = silent;
+        if matches!(self.phase, Phase::Matching { .. }) {
+            // A member that missed its step is no longer waited for.
+            self.matchmaker.set_target_group(self.expected_group());
+        }
         self.match_input(now, MatchInput::Tick)?;
         self.stop_waiting_for_quiet(now)?;
         self.leave_quiet_leader(now)?;
