@@ -222,3 +222,50 @@ fn an_unreachable_bootstrap_address_is_named_in_a_warning_within_10_s() {
     peer.signal("INT");
     peer.wait_exit(STOP_PATIENCE);
 }
+
+/// A listen address whose port another program holds stops the run at once with the key
+/// and the operating system's reason, not an empty one.
+#[test]
+fn a_listen_port_in_use_is_named_with_the_key_and_the_reason() {
+    let _guard = exclusive();
+    let swarm = Swarm::create();
+    let holder = std::net::UdpSocket::bind("127.0.0.1:0").expect("a UDP port to hold");
+    let port = holder.local_addr().expect("its address").port();
+    let addr = format!("/ip4/127.0.0.1/udp/{port}/quic-v1");
+    let dir = swarm.add_peer("taken");
+    dir.write_config(&PeerSettings {
+        listen_addrs: vec![addr.clone()],
+        ..PeerSettings::default()
+    });
+    let started = Instant::now();
+    let mut run = Command::new(MURMUR)
+        .args(["run", "--config"])
+        .arg(dir.config_path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("murmur starts");
+    while run.try_wait().expect("waits").is_none() && started.elapsed() < REFUSAL_BOUND {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if started.elapsed() >= REFUSAL_BOUND {
+        let _ = run.kill();
+    }
+    let output = run.wait_with_output().expect("the run ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        started.elapsed() < REFUSAL_BOUND,
+        "the run did not stop: {stderr}"
+    );
+    assert!(!output.status.success(), "{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.contains(&addr))
+        .unwrap_or_else(|| panic!("no line names {addr}: {stderr}"));
+    assert!(
+        line.contains("net.listen_addrs") && line.contains("in use"),
+        "{line}"
+    );
+    drop(holder);
+}

@@ -115,3 +115,47 @@ async fn stale_future_and_replayed_heartbeats_are_dropped_and_counted() {
         handle.shutdown().await.expect("shutdown");
     }
 }
+
+/// Two heartbeats stamped in one millisecond by [`NetHandle::heartbeat_timestamp`] (a
+/// peer's state can change twice within one) both count: the second is stamped a
+/// millisecond later, so the newer state is not refused as a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_stamped_in_one_millisecond_both_count() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(2, InviteKind::Valid).await;
+    let mut events = a.subscribe();
+    connect(&b, &a).await;
+
+    let mut heard = None;
+    for _ in 0..100 {
+        publish(&b, &body(1, b.heartbeat_timestamp(wall_ms()))).await;
+        heard = next_heartbeat_step(&mut events, 0, Duration::from_millis(100)).await;
+        if heard.is_some() {
+            break;
+        }
+    }
+    assert_eq!(heard, Some(1), "a fresh heartbeat counts");
+    let before = a.metrics().snapshot();
+
+    let now = wall_ms();
+    let (first, second) = (b.heartbeat_timestamp(now), b.heartbeat_timestamp(now));
+    assert!(second > first, "{first} then {second}");
+    publish(&b, &body(2, first)).await;
+    publish(&b, &body(3, second)).await;
+    let within = Duration::from_secs(5);
+    assert_eq!(next_heartbeat_step(&mut events, 1, within).await, Some(2));
+    assert_eq!(
+        next_heartbeat_step(&mut events, 2, within).await,
+        Some(3),
+        "the second heartbeat of the millisecond counts too"
+    );
+    let after = a.metrics().snapshot();
+    assert_eq!(
+        after.heartbeats_refused_replayed,
+        before.heartbeats_refused_replayed
+    );
+    for handle in [a, b] {
+        handle.shutdown().await.expect("shutdown");
+    }
+}

@@ -5,10 +5,13 @@
 //! and locks every invited joiner out until the handshake deadline frees the slots. This
 //! module counts per source IP instead:
 //!
-//! - at most `net.max_pending_incoming_per_ip` incoming connections of one address may be
+//! - at most `net.max_pending_incoming_per_ip` incoming connections of one source may be
 //!   in their handshake at once; more are closed at once, before any byte of theirs is read;
 //! - at most `net.max_incoming_connections_per_ip` established incoming connections of one
-//!   address, authorized or not;
+//!   source, authorized or not;
+//!
+//! A source is an IPv4 address, or the /64 network of an IPv6 address: a host is commonly
+//! given a whole /64, and counted address by address it could open the limit 2^64 times.
 //! - a peer refused for its invite `net.ban_after_refusals` times is banned for
 //!   `net.ban_backoff_ms`, doubled on each later refusal up to 64 times that; its connections
 //!   (incoming and outgoing) are closed as soon as its key is known, and counted.
@@ -18,7 +21,8 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -63,16 +67,16 @@ pub(crate) enum AdmissionRefusal {
         "{ip} already has {limit} incoming handshakes under way (net.max_pending_incoming_per_ip)"
     )]
     PendingPerSource {
-        /// The source address.
-        ip: IpAddr,
+        /// The source.
+        ip: Source,
         /// The limit.
         limit: u32,
     },
     /// Its address already has `net.max_incoming_connections_per_ip` connections.
     #[error("{ip} already has {limit} incoming connections (net.max_incoming_connections_per_ip)")]
     EstablishedPerSource {
-        /// The source address.
-        ip: IpAddr,
+        /// The source.
+        ip: Source,
         /// The limit.
         limit: u32,
     },
@@ -86,6 +90,34 @@ pub(crate) enum AdmissionRefusal {
     },
 }
 
+/// Where incoming connections come from, as the limits count them: an IPv4 address, or
+/// the /64 network of an IPv6 address (an IPv4-mapped IPv6 address counts as its IPv4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Source(IpAddr);
+
+impl Source {
+    pub(crate) fn of(ip: IpAddr) -> Source {
+        match ip {
+            IpAddr::V4(_) => Source(ip),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Source(IpAddr::V4(v4)),
+                None => Source(IpAddr::V6(Ipv6Addr::from(
+                    u128::from(v6) & !u128::from(u64::MAX),
+                ))),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            IpAddr::V4(ip) => write!(f, "{ip}"),
+            IpAddr::V6(net) => write!(f, "{net}/64"),
+        }
+    }
+}
+
 /// How often one peer was refused for its invite, and until when it is banned.
 #[derive(Debug, Clone, Copy)]
 struct RefusalRecord {
@@ -97,10 +129,10 @@ struct RefusalRecord {
 #[derive(Debug)]
 pub(crate) struct AdmissionTable {
     limits: AdmissionLimits,
-    pending: HashMap<ConnectionId, IpAddr>,
-    established: HashMap<ConnectionId, IpAddr>,
-    pending_per_ip: HashMap<IpAddr, u32>,
-    established_per_ip: HashMap<IpAddr, u32>,
+    pending: HashMap<ConnectionId, Source>,
+    established: HashMap<ConnectionId, Source>,
+    pending_per_ip: HashMap<Source, u32>,
+    established_per_ip: HashMap<Source, u32>,
     refusals: HashMap<PeerId, RefusalRecord>,
 }
 
@@ -122,6 +154,7 @@ impl AdmissionTable {
         connection: ConnectionId,
         ip: IpAddr,
     ) -> Result<(), AdmissionRefusal> {
+        let ip = Source::of(ip);
         let count = self.pending_per_ip.entry(ip).or_insert(0);
         if *count >= self.limits.pending_per_ip {
             return Err(AdmissionRefusal::PendingPerSource {
@@ -145,7 +178,7 @@ impl AdmissionTable {
     ) -> Result<(), AdmissionRefusal> {
         self.end_pending(connection);
         self.check_ban(peer, now)?;
-        let Some(ip) = ip else {
+        let Some(ip) = ip.map(Source::of) else {
             return Ok(());
         };
         let count = self.established_per_ip.entry(ip).or_insert(0);
@@ -210,7 +243,10 @@ impl AdmissionTable {
     /// Handshakes from `ip` under way now.
     #[cfg(test)]
     pub(crate) fn pending_from(&self, ip: IpAddr) -> u32 {
-        self.pending_per_ip.get(&ip).copied().unwrap_or(0)
+        self.pending_per_ip
+            .get(&Source::of(ip))
+            .copied()
+            .unwrap_or(0)
     }
 
     fn end_pending(&mut self, connection: ConnectionId) {
@@ -233,7 +269,7 @@ impl AdmissionTable {
     }
 }
 
-fn decrement(counts: &mut HashMap<IpAddr, u32>, ip: IpAddr) {
+fn decrement(counts: &mut HashMap<Source, u32>, ip: Source) {
     if let Some(count) = counts.get_mut(&ip) {
         *count = count.saturating_sub(1);
         if *count == 0 {

@@ -1,4 +1,4 @@
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use libp2p::PeerId;
@@ -41,6 +41,34 @@ fn pending_handshakes_are_bounded_per_source_address() {
     t.connection_gone(conn(1));
     assert_eq!(t.pending_from(attacker), 1);
     assert!(t.pending_incoming(conn(5), attacker).is_ok());
+}
+
+/// IPv6 sources are counted per /64: one host's addresses share its handshake slots, a
+/// neighbouring /64 has its own, and an IPv4-mapped address counts as its IPv4. Refusals
+/// name the network.
+#[test]
+fn ipv6_handshakes_are_bounded_per_64_network() {
+    let mut t = table();
+    let v6 = |s: &str| IpAddr::V6(s.parse::<Ipv6Addr>().unwrap());
+    assert!(t.pending_incoming(conn(1), v6("2001:db8:1:2::1")).is_ok());
+    assert!(
+        t.pending_incoming(conn(2), v6("2001:db8:1:2:ffff::7"))
+            .is_ok()
+    );
+    let refused = t.pending_incoming(conn(3), v6("2001:db8:1:2:abcd::9"));
+    let Err(refusal) = refused else {
+        panic!("a third handshake of the /64 is let in");
+    };
+    assert!(
+        refusal
+            .to_string()
+            .starts_with("2001:db8:1:2::/64 already has 2"),
+        "{refusal}"
+    );
+    assert!(t.pending_incoming(conn(4), v6("2001:db8:1:3::1")).is_ok());
+    assert_eq!(t.pending_from(v6("2001:db8:1:2::42")), 2);
+    assert!(t.pending_incoming(conn(5), v6("::ffff:127.0.0.9")).is_ok());
+    assert_eq!(t.pending_from(IpAddr::V4(Ipv4Addr::new(127, 0, 0, 9))), 1);
 }
 
 /// Established incoming connections are bounded per address; a handshake that finishes

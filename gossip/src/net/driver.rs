@@ -522,7 +522,7 @@ pub fn publish_heartbeat(net: &NetHandle, clock: &EngineClock, mode: AveragingMo
     };
     let body = HeartbeatBody {
         step: beat.step,
-        timestamp_ms: clock.wall_ms(clock.now()),
+        timestamp_ms: net.heartbeat_timestamp(clock.wall_ms(clock.now())),
         samples_per_s: if beat.samples_per_s.is_finite() {
             beat.samples_per_s.max(0.0)
         } else {

@@ -27,7 +27,7 @@ pub enum NetError {
     Transport(String),
     /// Listening on an address failed.
     #[error(
-        "cannot listen on {addr}: {reason}; check that the address is local and the port is free"
+        "cannot listen on {addr} (net.listen_addrs): {reason}; check that the address is local and the port is free"
     )]
     Listen {
         /// The address from `net.listen_addrs`.

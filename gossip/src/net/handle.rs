@@ -6,6 +6,7 @@
 //! never as a hang. Tensor streams are opened from the calling task, not the network task,
 //! so a slow peer slows only the caller that writes to it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -83,6 +84,8 @@ struct HandleInner {
     ctx: StreamContext,
     config: ValidConfig,
     bootstrap: Arc<Mutex<Vec<BootstrapDial>>>,
+    /// The timestamp of this node's last heartbeat, in wall milliseconds.
+    last_heartbeat_ms: AtomicU64,
 }
 
 impl NetHandle {
@@ -106,6 +109,7 @@ impl NetHandle {
                 ctx,
                 config,
                 bootstrap,
+                last_heartbeat_ms: AtomicU64::new(0),
             }),
         }
     }
@@ -154,7 +158,24 @@ impl NetHandle {
         self.ask(|reply| Command::Disconnect(remote, reply)).await
     }
 
-    /// Signs `body` and gossips it to the swarm.
+    /// The timestamp for this node's next heartbeat at wall time `wall_ms`: `wall_ms`, or
+    /// one past the last one given if that is not earlier. Members refuse a heartbeat whose
+    /// timestamp is not after its signer's last as replayed, so two heartbeats stamped in
+    /// one millisecond would lose the second, and with it the newer state.
+    pub fn heartbeat_timestamp(&self, wall_ms: u64) -> u64 {
+        let next = |last: u64| last.saturating_add(1).max(wall_ms);
+        let last = self
+            .inner
+            .last_heartbeat_ms
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                Some(next(last))
+            })
+            .unwrap_or_else(|last| last);
+        next(last)
+    }
+
+    /// Signs `body` and gossips it to the swarm. Its timestamp should come from
+    /// [`NetHandle::heartbeat_timestamp`].
     pub async fn publish_heartbeat(&self, body: &HeartbeatBody) -> Result<(), NetError> {
         let bytes = body.to_bytes().map_err(NetError::Encode)?;
         let envelope = SignedEnvelope::seal(&self.inner.keypair, PayloadType::HEARTBEAT, &bytes)

@@ -219,7 +219,7 @@ pub async fn spawn(
             .listen_on(addr.clone())
             .map_err(|e| NetError::Listen {
                 addr: addr.to_string(),
-                reason: e.to_string(),
+                reason: error_chain(&e),
             })?;
         listeners.insert(id, addr.clone());
     }
@@ -288,7 +288,7 @@ pub async fn spawn(
                     if let Some(addr) = listeners.remove(listener_id) {
                         let reason = match reason {
                             Ok(()) => "the listener closed".to_owned(),
-                            Err(e) => e.to_string(),
+                            Err(e) => error_chain(e),
                         };
                         return Err(NetError::Listen {
                             addr: addr.to_string(),
@@ -300,7 +300,7 @@ pub async fn spawn(
                     if let Some(addr) = listeners.remove(listener_id) {
                         return Err(NetError::Listen {
                             addr: addr.to_string(),
-                            reason: error.to_string(),
+                            reason: error_chain(error),
                         });
                     }
                 }
@@ -345,4 +345,24 @@ pub async fn spawn(
             control_requests: control_rx,
         },
     ))
+}
+
+/// An error and its sources, joined by ": ", leaving out the empty ones (libp2p's transport
+/// errors often say nothing themselves and keep the reason, such as the OS error, in a
+/// source).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next = Some(error);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = e.source();
+    }
+    if parts.is_empty() {
+        "no reason given".to_owned()
+    } else {
+        parts.join(": ")
+    }
 }
