@@ -293,15 +293,18 @@ fn rounds_of(swarm: &EngineSwarm, peer: u32) -> usize {
         .count()
 }
 
-/// Heartbeats once a second, steps of 50 ms, and a crash the transport does not report (a
-/// `kill -9` leaves a QUIC connection open until its idle timeout): a member whose last
-/// heartbeat said it was stepping towards the round, silent for three of its steps, is not
-/// waited for, so no survivor's group takes the gathering bound (800 ms here, a heartbeat
-/// interval and more in the daemon), wherever in the round cycle the crash lands.
+/// Heartbeats once a second, steps of 50 ms computed while rounds form and run (`overlap`),
+/// and a crash the transport does not report (a `kill -9` leaves a QUIC connection open
+/// until its idle timeout): a member whose last heartbeat said it was stepping towards the
+/// round, silent for three of its steps, is not waited for. Of 16 crash moments, all but
+/// those that catch the member looking for a group (its heartbeat then says so, and it is
+/// waited for as before) cost a survivor's gathering under 700 ms instead of the gathering
+/// bound (800 ms here, a heartbeat interval and more in the daemon); without the rule 15 of
+/// 16 cost the bound.
 #[test]
 fn a_member_silent_for_three_of_its_steps_is_not_waited_for() {
     let mut slowest = Vec::new();
-    for seed in 0..8u64 {
+    for seed in 0..16u64 {
         let mut s = scenario(4, seed);
         s.link.detect_ms = 60_000.0;
         s.churn = vec![ChurnEvent::Crash {
@@ -310,7 +313,10 @@ fn a_member_silent_for_three_of_its_steps_is_not_waited_for() {
         }];
         let mode = ModeSettings::Butterfly {
             target_batch: 3 * 32,
-            butterfly: butterfly_config(16),
+            butterfly: ButterflyConfig {
+                overlap: true,
+                ..butterfly_config(16)
+            },
         };
         let mut config = config(mode, CodecSpec::F32);
         config.heartbeat_ms = 1000;
@@ -325,9 +331,11 @@ fn a_member_silent_for_three_of_its_steps_is_not_waited_for() {
             .expect("rounds");
         slowest.push(worst.as_millis());
     }
+    let bounded = slowest.iter().filter(|&&ms| ms >= 700).count();
     assert!(
-        slowest.iter().all(|&ms| ms < 700),
-        "the slowest gathering per seed, ms: {slowest:?}"
+        bounded <= 4,
+        "{bounded} of 16 crash moments cost the gathering bound; the slowest gathering per \
+         seed, ms: {slowest:?}"
     );
 }
 

@@ -26,6 +26,11 @@ pub(crate) struct Gathering<'a, P> {
     pub(crate) batch_size: u64,
     /// How long this peer's last round took, from its start to its update applied.
     pub(crate) round_took: Duration,
+    /// Whether members step, and announce each step, while they gather and average
+    /// (`averaging.butterfly.overlap`, a swarm-wide setting): only then does a silent
+    /// member say it has crashed. Without overlap a member waiting for its group or its
+    /// round says nothing between heartbeats.
+    pub(crate) steps_announced: bool,
 }
 
 impl<P: PeerKey> Gathering<'_, P> {
@@ -40,7 +45,8 @@ impl<P: PeerKey> Gathering<'_, P> {
     /// training that then go into one update; one that is merely slow joins the next round.
     pub(crate) fn missed_a_step(&self, peer: &P, beat: &Beat) -> bool {
         let in_round_before = beat.step + 1 == self.round && beat.samples_accumulated == 0;
-        if (beat.step != self.round && !in_round_before)
+        if !self.steps_announced
+            || (beat.step != self.round && !in_round_before)
             || beat.looking.is_some()
             || beat.samples_per_s <= 0.0
         {

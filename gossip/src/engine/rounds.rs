@@ -471,6 +471,7 @@ impl<P: PeerKey> RoundEngine<P> {
             now: self.now,
             batch_size: self.settings.batch_size,
             round_took: self.round_took,
+            steps_announced: self.overlaps(),
         }
     }
 
