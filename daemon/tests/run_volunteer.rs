@@ -107,23 +107,7 @@ fn a_second_run_on_the_same_folder_exits_2_naming_the_first_and_leaves_it_unharm
         l.is("progress")
     });
 
-    let started = Instant::now();
-    let mut second = Command::new(MURMUR)
-        .args(["run", "--config"])
-        .arg(dir.config_path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the second murmur starts");
-    while second.try_wait().expect("waits").is_none() && started.elapsed() < REFUSAL_BOUND {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let took = started.elapsed();
-    if took >= REFUSAL_BOUND {
-        let _ = second.kill();
-    }
-    let output = second.wait_with_output().expect("the second run ends");
+    let (output, took) = run_until_refused(&dir.config_path());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(
@@ -237,27 +221,9 @@ fn a_listen_port_in_use_is_named_with_the_key_and_the_reason() {
         listen_addrs: vec![addr.clone()],
         ..PeerSettings::default()
     });
-    let started = Instant::now();
-    let mut run = Command::new(MURMUR)
-        .args(["run", "--config"])
-        .arg(dir.config_path())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("murmur starts");
-    while run.try_wait().expect("waits").is_none() && started.elapsed() < REFUSAL_BOUND {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    if started.elapsed() >= REFUSAL_BOUND {
-        let _ = run.kill();
-    }
-    let output = run.wait_with_output().expect("the run ends");
+    let (output, took) = run_until_refused(&dir.config_path());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        started.elapsed() < REFUSAL_BOUND,
-        "the run did not stop: {stderr}"
-    );
+    assert!(took < REFUSAL_BOUND, "the run did not stop: {stderr}");
     assert!(!output.status.success(), "{stderr}");
     let line = stderr
         .lines()
@@ -268,4 +234,26 @@ fn a_listen_port_in_use_is_named_with_the_key_and_the_reason() {
         "{line}"
     );
     drop(holder);
+}
+
+/// Starts `murmur run --config config` and waits for it to exit, killing it after
+/// [`REFUSAL_BOUND`]; returns its output and how long it ran.
+fn run_until_refused(config: &std::path::Path) -> (std::process::Output, Duration) {
+    let started = Instant::now();
+    let mut run = Command::new(MURMUR)
+        .args(["run", "--config"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("murmur starts");
+    while run.try_wait().expect("waits").is_none() && started.elapsed() < REFUSAL_BOUND {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = started.elapsed();
+    if took >= REFUSAL_BOUND {
+        let _ = run.kill();
+    }
+    (run.wait_with_output().expect("the run ends"), took)
 }
