@@ -158,15 +158,25 @@ async fn a_control_request_is_answered_by_the_application() {
     }
 }
 
+/// A gossipsub node on the swarm's topic, with a key but no invite, connected to a member
+/// of a swarm whose members publish heartbeats. Its own heartbeats are well formed and
+/// signed by its key, so only authorization can keep them out. It never learns that the
+/// member takes the topic, hears none of the members' heartbeats, none of its own reach the
+/// member, and the member closes the connection at its auth deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_validly_signed_heartbeat_from_a_peer_without_an_invite_is_rejected() {
+async fn a_stranger_on_the_heartbeat_topic_hears_nothing_and_is_not_heard() {
     let authority = Authority::new();
     let (good, _good_in) = authority.spawn(1, InviteKind::Valid).await;
+    let (other, _other_in) = authority.spawn(2, InviteKind::Valid).await;
+    connect(&other, &good).await;
+    assert!(
+        heartbeat_arrives(&other, &good, Duration::from_secs(10)).await,
+        "members hear each other"
+    );
     let mut events = good.subscribe();
     let good_addr: libp2p::Multiaddr = address_of(&good).await.parse().expect("multiaddr");
+    let good_id = libp2p::PeerId::from_bytes(&good.local_peer_id().to_bytes()).expect("id");
 
-    // A bare gossipsub node on the swarm's topic, with a key but no invite. Its heartbeat is
-    // well formed and signed by its own key: only authorization can keep it out.
     let seed = [66u8; 32];
     let key = libp2p::identity::Keypair::ed25519_from_bytes(seed).expect("key");
     let topic = gossipsub::IdentTopic::new(format!("murmur/{SWARM}/heartbeat"));
@@ -184,6 +194,7 @@ async fn a_validly_signed_heartbeat_from_a_peer_without_an_invite_is_rejected() 
             .expect("gossipsub")
         })
         .expect("behaviour")
+        .with_swarm_config(|c| c.with_idle_connection_timeout(Duration::from_secs(10)))
         .build();
     intruder
         .behaviour_mut()
@@ -198,46 +209,57 @@ async fn a_validly_signed_heartbeat_from_a_peer_without_an_invite_is_rejected() 
     )
     .expect("seal")
     .into_bytes();
-    let published = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            if let libp2p::swarm::SwarmEvent::Behaviour(gossipsub::Event::Subscribed { .. }) =
-                intruder.select_next_some().await
-            {
-                return intruder
-                    .behaviour_mut()
-                    .publish(topic.clone(), envelope.clone())
-                    .is_ok();
-            }
-        }
-    })
-    .await;
-    assert_eq!(
-        published,
-        Ok(true),
-        "the intruder published before it was disconnected"
-    );
-    let driver = tokio::spawn(async move {
-        loop {
-            intruder.select_next_some().await;
-        }
-    });
 
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while good.metrics().snapshot().gossip_rejected == 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    // Past the members' 3 s auth deadline; the members publish all along.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    let mut publish = tokio::time::interval(Duration::from_millis(200));
+    let (mut subscriptions, mut messages, mut closed, mut step) = (0, 0, false, 100);
+    while !closed && tokio::time::Instant::now() < deadline {
+        tokio::select! {
+            _ = publish.tick() => {
+                step += 1;
+                let _ = other.publish_heartbeat(&body(step)).await;
+                let _ = good.publish_heartbeat(&body(step)).await;
+                // Fails while the intruder knows no subscriber, as it should.
+                let _ = intruder.behaviour_mut().publish(topic.clone(), envelope.clone());
+            }
+            event = intruder.select_next_some() => match event {
+                libp2p::swarm::SwarmEvent::Behaviour(gossipsub::Event::Subscribed { .. }) => {
+                    subscriptions += 1;
+                }
+                libp2p::swarm::SwarmEvent::Behaviour(gossipsub::Event::Message { .. }) => {
+                    messages += 1;
+                }
+                libp2p::swarm::SwarmEvent::ConnectionClosed {
+                    peer_id,
+                    num_established: 0,
+                    ..
+                } if peer_id == good_id => closed = true,
+                _ => {}
+            },
+            () = tokio::time::sleep_until(deadline) => {}
         }
-    })
-    .await
-    .expect("the heartbeat is rejected");
-    while let Ok(event) = events.try_recv() {
-        assert!(
-            !matches!(event, NetEvent::Heartbeat { .. }),
-            "{event:?} was delivered"
-        );
     }
-    assert_eq!(good.metrics().snapshot().heartbeats_received, 0);
-    driver.abort();
-    good.shutdown().await.expect("shutdown");
+    assert_eq!(subscriptions, 0, "the stranger learned the member's topic");
+    assert_eq!(messages, 0, "a member's heartbeat reached the stranger");
+    assert!(
+        closed,
+        "the member kept the stranger past its auth deadline"
+    );
+    let intruder_id = Keypair::from_seed(seed).peer_id();
+    while let Ok(event) = events.try_recv() {
+        if let NetEvent::Heartbeat { peer, .. } = event {
+            assert_ne!(peer, intruder_id, "the stranger's heartbeat was delivered");
+        }
+    }
+    assert_eq!(
+        good.metrics().snapshot().gossip_rejected,
+        0,
+        "a stranger's message was read"
+    );
+    for h in [good, other] {
+        h.shutdown().await.expect("shutdown");
+    }
 }
 
 /// Publishes heartbeats from `from` until `to` hears one signed by `from` (bounded).

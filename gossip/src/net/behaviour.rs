@@ -15,9 +15,10 @@
 //!
 //! Kademlia inserts peers into its routing table only when told: the network task adds a
 //! peer once its invite has verified, so an unauthorized peer is never handed out to others.
-//! Kademlia and identify are [`Gated`]: on each connection their streams wait until the
-//! peer has proven its invite, so a stranger gets neither members' ids and addresses nor
-//! this peer's listen addresses.
+//! Kademlia, identify and gossipsub are [`Gated`]: on each connection their streams wait
+//! until the peer has proven its invite, so a stranger gets neither members' ids and
+//! addresses, nor this peer's listen addresses, nor the topic it takes and the heartbeats
+//! relayed on it.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -58,7 +59,7 @@ pub(crate) struct MurmurBehaviour {
     pub(crate) identify: Gated<identify::Behaviour>,
     pub(crate) ping: ping::Behaviour,
     pub(crate) kad: Gated<kad::Behaviour<kad::store::MemoryStore>>,
-    pub(crate) gossipsub: gossipsub::Behaviour,
+    pub(crate) gossipsub: Gated<gossipsub::Behaviour>,
     pub(crate) mdns: Toggle<mdns::tokio::Behaviour>,
     pub(crate) control: request_response::Behaviour<ControlCodec>,
     pub(crate) streams: libp2p_stream::Behaviour,
@@ -155,7 +156,7 @@ impl MurmurBehaviour {
             identify: Gated::new(identify),
             ping: ping::Behaviour::default(),
             kad: Gated::new(kad),
-            gossipsub,
+            gossipsub: Gated::new(gossipsub),
             mdns: Toggle::from(mdns),
             control,
             streams: libp2p_stream::Behaviour::new(),

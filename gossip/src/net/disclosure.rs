@@ -6,12 +6,13 @@
 //!   remote's acceptance. A stranger that connects therefore gets no invite; a peer this
 //!   side dials (a bootstrap address from the config, or an address a member gave through
 //!   the DHT) gets ours, as it must to let us in.
-//! - **Kademlia and identify** streams wait on each connection until the peer is admitted
-//!   (the `gate` module), so a stranger gets neither members' ids and addresses nor this
-//!   peer's listen addresses.
+//! - **Kademlia, identify and gossipsub** streams wait on each connection until the peer is
+//!   admitted (the `gate` module), so a stranger gets neither members' ids and addresses,
+//!   nor this peer's listen addresses, nor its gossip topic and the members' heartbeats
+//!   relayed on it; what a stranger publishes is never read.
 //!
-//! Everything else a stranger can reach (gossip, tensor streams, control requests other
-//! than the hello) is refused until admission by the network task itself.
+//! Everything else a stranger can reach (tensor streams, control requests other than the
+//! hello) is refused until admission by the network task itself.
 
 use libp2p::swarm::ConnectionId;
 
@@ -40,7 +41,7 @@ impl NetActor {
         }
     }
 
-    /// `peer` has just been admitted: its held Kademlia and identify streams go through on
+    /// `peer` has just been admitted: its held Kademlia, identify and gossip streams go through on
     /// every connection, and if it has not seen our hello yet (it dialed us), it gets it now.
     pub(crate) fn disclose_to_admitted(&mut self, peer: libp2p::PeerId) {
         let Some(state) = self.peers.get(&peer) else {
@@ -58,5 +59,6 @@ impl NetActor {
         let behaviour = self.swarm.behaviour_mut();
         behaviour.kad.open(peer, connections);
         behaviour.identify.open(peer, connections);
+        behaviour.gossipsub.open(peer, connections);
     }
 }
