@@ -333,9 +333,12 @@ fn a_butterfly_joiner_downloads_a_state_slower_than_the_heartbeat_bound() {
     });
     let mut p1 = second.start();
     p1.ready();
+    // A butterfly joiner downloads only from a swarm past its first round (before it, every
+    // peer still holds the initial parameters), so both founders finish one first. Steps
+    // alone do not say so: on a loaded host a round can lag its members' steps.
     for founder in [&mut p0, &mut p1] {
-        founder.wait_for("a few averaged steps", TRAINING_PATIENCE, |l| {
-            l.is("progress") && l.u64("step") >= 3
+        founder.wait_for("a finished round", TRAINING_PATIENCE, |l| {
+            l.is("progress") && l.u64("rounds") >= 1
         });
     }
 
