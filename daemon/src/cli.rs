@@ -296,6 +296,27 @@ pub(crate) enum SwarmCommand {
     New(SwarmNewArgs),
     /// Sign an invite admitting one peer to the swarm.
     Invite(SwarmInviteArgs),
+    /// Revoke peers' invites: sign a new revocation list naming them and every peer the
+    /// previous list named; copy it to any member's `swarm.revocation_file`.
+    Revoke(SwarmRevokeArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SwarmRevokeArgs {
+    /// Peers to revoke (`12D3KooW…`).
+    pub(crate) peer_ids: Vec<String>,
+    /// Peers to take off the list: their invites count again while valid.
+    #[arg(long = "lift", value_name = "PEER_ID")]
+    pub(crate) lift: Vec<String>,
+    /// The swarm authority's key file (`authority.key` from `murmur swarm new`).
+    #[arg(long)]
+    pub(crate) authority_key: std::path::PathBuf,
+    /// The swarm's config (`swarm.toml`), for the swarm id and authority.
+    #[arg(long)]
+    pub(crate) swarm_config: std::path::PathBuf,
+    /// The list to replace (its peers stay revoked unless lifted); created if missing.
+    #[arg(long, default_value = "revocations")]
+    pub(crate) out: std::path::PathBuf,
 }
 
 #[derive(Debug, Args)]

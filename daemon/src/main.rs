@@ -15,6 +15,7 @@ mod instance_lock;
 mod local;
 mod manual;
 mod observe;
+mod revoke_cmd;
 mod run;
 mod run_cmd;
 mod sim;

@@ -1,5 +1,5 @@
 //! `murmur init`, `murmur swarm new`, `murmur swarm invite` and `murmur config check`:
-//! the keys, configs and invites a swarm starts from.
+//! the keys, configs and invites a swarm starts from (`swarm revoke` is `revoke_cmd`).
 //!
 //! The workflow (see docs/config.md): the organizer runs `swarm new` and publishes
 //! `swarm.toml`; each volunteer runs `init` and sends the printed peer id; the organizer
@@ -51,11 +51,34 @@ pub(crate) fn init(args: &InitArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The swarm authority's key and the swarm's id, checked against each other: the key must
+/// be the authority `swarm_config` names.
+pub(crate) fn load_authority(
+    authority_key: &Path,
+    swarm_config: &Path,
+) -> anyhow::Result<(Keypair, SwarmId)> {
+    let authority = Keypair::load_file(authority_key).map_err(|e| BadInput(e.to_string()))?;
+    let config = ConfigFile::read(swarm_config).map_err(BadInput::from)?;
+    if authority.peer_id() != config.checked.authority {
+        return Err(BadInput(format!(
+            "{} is the key of {}, but {} names authority {}; pass the authority key of \
+             this swarm",
+            authority_key.display(),
+            authority.peer_id(),
+            swarm_config.display(),
+            config.checked.authority
+        ))
+        .into());
+    }
+    Ok((authority, config.checked.swarm.clone()))
+}
+
 /// `murmur swarm …`.
 pub(crate) fn swarm(command: SwarmCommand) -> anyhow::Result<()> {
     match command {
         SwarmCommand::New(args) => swarm_new(&args),
         SwarmCommand::Invite(args) => swarm_invite(&args),
+        SwarmCommand::Revoke(args) => crate::revoke_cmd::revoke(&args),
     }
 }
 
@@ -180,20 +203,7 @@ fn swarm_invite(args: &SwarmInviteArgs) -> anyhow::Result<()> {
             args.peer_id
         ))
     })?;
-    let authority = Keypair::load_file(&args.authority_key).map_err(|e| BadInput(e.to_string()))?;
-    let swarm_config = ConfigFile::read(&args.swarm_config).map_err(BadInput::from)?;
-    let swarm = swarm_config.checked.swarm.clone();
-    if authority.peer_id() != swarm_config.checked.authority {
-        return Err(BadInput(format!(
-            "{} is the key of {}, but {} names authority {}; pass the authority key of \
-             this swarm",
-            args.authority_key.display(),
-            authority.peer_id(),
-            args.swarm_config.display(),
-            swarm_config.checked.authority
-        ))
-        .into());
-    }
+    let (authority, swarm) = load_authority(&args.authority_key, &args.swarm_config)?;
     let issued_at = crate::clock::unix_s();
     let expires_at = issued_at.saturating_add(args.valid_days * SECONDS_PER_DAY);
     let invite = Invite::issue(&authority, &peer, &swarm, issued_at, expires_at)

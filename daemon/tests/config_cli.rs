@@ -7,7 +7,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
+use murmur_protocol::identity::{Invite, Keypair, PeerId, Revocations, SwarmId};
 
 fn murmur() -> Command {
     Command::new(env!("CARGO_BIN_EXE_murmur"))
@@ -418,4 +418,87 @@ fn swarm_invite_rejects_a_bad_peer_id_and_a_foreign_authority_key() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("pass the authority key of this swarm"));
     assert!(!w.vol.join("stranger.invite").exists());
+}
+
+/// `swarm revoke` builds on the list at `--out`: each run keeps the peers already named,
+/// adds the new ones, drops the lifted ones, and raises the serial; a bad peer id or a list
+/// of another swarm exits 2 and leaves the file as it was.
+#[test]
+fn swarm_revoke_extends_lifts_and_raises_the_serial_of_the_list_at_out() {
+    let w = Workflow::new();
+    let list = w.org.join("revocations");
+    let other = printed_peer_id(&run(&["init", "--dir", w.org.join("v2").to_str().unwrap()]));
+    let base: Vec<String> = [
+        "swarm",
+        "revoke",
+        "--authority-key",
+        w.org.join("authority.key").to_str().unwrap(),
+        "--swarm-config",
+        w.org.join("swarm.toml").to_str().unwrap(),
+        "--out",
+        list.to_str().unwrap(),
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    let revoke = |extra: &[&str]| {
+        let mut args: Vec<&str> = base.iter().map(String::as_str).collect();
+        args.extend_from_slice(extra);
+        run(&args)
+    };
+    let read = || {
+        let list = Revocations::decode(&std::fs::read(&list).unwrap()).unwrap();
+        let mut named: Vec<String> = list.revoked().iter().map(ToString::to_string).collect();
+        named.sort();
+        (list.serial(), named)
+    };
+    let out = revoke(&[&w.peer]);
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains("revokes 1 peer(s)"),
+        "{}",
+        stdout(&out)
+    );
+    let (first, named) = read();
+    assert_eq!(named, vec![w.peer.clone()]);
+
+    assert_ok(&revoke(&[&other]));
+    let (second, named) = read();
+    assert!(second > first, "{second} after {first}");
+    let mut both = vec![w.peer.clone(), other.clone()];
+    both.sort();
+    assert_eq!(named, both);
+
+    assert_ok(&revoke(&["--lift", &w.peer]));
+    let (third, named) = read();
+    assert!(third > second);
+    assert_eq!(named, vec![other.clone()]);
+
+    let bad = revoke(&["not-a-peer"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("\"not-a-peer\" is not a peer id"),
+        "{}",
+        stderr(&bad)
+    );
+    let empty = revoke(&[]);
+    assert_eq!(empty.status.code(), Some(2));
+    assert_eq!(read().0, third, "a refused run leaves the list alone");
+
+    // A list of another swarm at --out is not extended.
+    let foreign = Revocations::issue(
+        &Keypair::from_seed([5; 32]),
+        &SwarmId::new("test-swarm").unwrap(),
+        1,
+        Vec::new(),
+    )
+    .unwrap();
+    std::fs::write(&list, foreign.encode()).unwrap();
+    let out = revoke(&[&other]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("is not this swarm's revocation list"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -6,7 +6,9 @@ use std::time::Duration;
 use murmur_gossip::engine::ModeSettings;
 use murmur_gossip::net::NetConfig;
 use murmur_gossip::sgp::SgpConfig;
-use murmur_protocol::identity::{Invite, Keypair, MAX_INVITE_LEN};
+use murmur_protocol::identity::{
+    Invite, Keypair, MAX_INVITE_LEN, MAX_REVOCATIONS_LEN, PeerId, Revocations, SwarmId,
+};
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::DataSource;
 
@@ -114,10 +116,21 @@ impl ConfigFile {
             .verify(&authority.public_key(), &swarm, &peer_id, now_unix_s)
             .map_err(|e| invite_error(format!("{}: {e}", invite_file.display())))?;
 
+        let revocation_file = config
+            .swarm
+            .revocation_file
+            .as_ref()
+            .map(|f| self.resolve(f));
+        if let Some(file) = &revocation_file {
+            check_revocations(file, &authority, &swarm, &invite_file)
+                .map_err(|reason| at.invalid("swarm.revocation_file", "\"revocations\"", reason))?;
+        }
+
         let net = NetConfig {
             swarm_id: swarm.to_string(),
             authority: authority.to_string(),
             invite: invite_bytes,
+            revocation_file,
             max_upload_bytes_per_s: config.volunteer.max_upload_bytes_per_s,
             max_download_bytes_per_s: config.volunteer.max_download_bytes_per_s,
             ..config.net.clone()
@@ -301,4 +314,26 @@ fn resolve_data_paths(source: &mut DataSource, resolve: impl Fn(&Path) -> PathBu
             }
         }
     }
+}
+
+/// A revocation file, when it exists, must be a list this swarm's authority signed for this
+/// swarm (a missing one is fine: nothing is revoked until the organizer writes it).
+fn check_revocations(
+    file: &Path,
+    authority: &PeerId,
+    swarm: &SwarmId,
+    invite_file: &Path,
+) -> Result<(), String> {
+    if file.symlink_metadata().is_err() {
+        return Ok(());
+    }
+    if file == invite_file {
+        return Err("names the invite file".to_owned());
+    }
+    let bytes = read_regular(file, MAX_REVOCATIONS_LEN)
+        .map_err(|e| format!("cannot read the revocation list: {e}"))?;
+    let list = Revocations::decode(&bytes)
+        .map_err(|e| format!("{} is not a revocation list: {e}", file.display()))?;
+    list.verify(&authority.public_key(), swarm)
+        .map_err(|e| format!("{}: {e}", file.display()))
 }

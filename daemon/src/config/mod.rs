@@ -34,6 +34,7 @@ use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
 use murmur_trainer::{Model, TaskConfig};
 
 pub(crate) use error::ConfigError;
+pub(crate) use files::read_regular;
 pub(crate) use load::ConfigFile;
 pub(crate) use schema::{CheckpointSection, LogFormat, LogSection, VolunteerSection};
 pub(crate) use validate::{DeviceChoice, Locator, check};

@@ -98,6 +98,10 @@ pub(crate) struct SwarmSection {
     /// This peer's invite, as `murmur swarm invite` wrote it, relative to the config file.
     #[serde(default = "default_invite_file")]
     pub(crate) invite_file: PathBuf,
+    /// The swarm authority's revocation list, as `murmur swarm revoke` wrote it, relative to
+    /// the config file. Read at start when present and again whenever it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) revocation_file: Option<PathBuf>,
 }
 
 fn default_invite_file() -> PathBuf {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use murmur_gossip::sgp::OutDegree;
 use murmur_protocol::codec::CodecSpec;
-use murmur_protocol::identity::{Invite, Keypair, SwarmId};
+use murmur_protocol::identity::{Invite, Keypair, Revocations, SwarmId};
 use murmur_trainer::{TaskPreset, TrainerDevice};
 
 use super::*;
@@ -347,6 +347,37 @@ fn an_invite_from_another_authority_is_refused() {
     std::fs::write(s.dir.path().join("invite"), invite.encode()).unwrap();
     let err = s.load().unwrap_err();
     assert!(err.to_string().contains("signed by authority"), "{err}");
+}
+
+#[test]
+fn a_revocation_file_must_be_this_swarms_list_when_it_exists() {
+    let s = Swarm::new();
+    s.write_edited(&[(
+        "# revocation_file = \"revocations\"",
+        "revocation_file = \"revocations\"",
+    )]);
+    // Not written yet: nothing is revoked, and the config loads.
+    let loaded = s.load().expect("a missing list is fine");
+    assert_eq!(
+        loaded.net.revocation_file.as_deref(),
+        Some(s.dir.path().join("revocations").as_path())
+    );
+    let file = s.dir.path().join("revocations");
+    std::fs::write(&file, b"garbage").unwrap();
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("swarm.revocation_file"));
+    assert!(
+        err.to_string().contains("is not a revocation list"),
+        "{err}"
+    );
+    let forged = Revocations::issue(&Keypair::from_seed([4; 32]), &s.swarm, 1, Vec::new()).unwrap();
+    std::fs::write(&file, forged.encode()).unwrap();
+    let err = s.load().unwrap_err();
+    assert_eq!(err.key(), Some("swarm.revocation_file"));
+    assert!(err.to_string().contains("signed by"), "{err}");
+    let list = Revocations::issue(&s.authority, &s.swarm, 1, vec![s.peer.peer_id()]).unwrap();
+    std::fs::write(&file, list.encode()).unwrap();
+    assert!(s.load().is_ok(), "this swarm's list loads");
 }
 
 #[test]

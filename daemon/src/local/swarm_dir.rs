@@ -274,6 +274,7 @@ pub(crate) fn peer_config(c: &PeerConfig<'_>) -> Config {
             id: SWARM_ID.to_owned(),
             authority: c.authority.to_string(),
             invite_file: INVITE_FILE.into(),
+            revocation_file: None,
         },
         net: local_net(quic, c.bootstrap.to_vec()),
         volunteer: VolunteerSection {

@@ -59,6 +59,8 @@
 //! | `murmur_net_peer_throughput_bytes_per_second` | gauge | peer, direction | measured transfer rate to or from one peer (EWMA) |
 //! | `murmur_net_auth_rejections_total` | counter | | connections closed because an invite did not verify |
 //! | `murmur_net_auth_timeouts_total` | counter | | connections closed because the invite exchange took too long |
+//! | `murmur_net_peers_refused_revoked_total` | counter | | peers refused or disconnected because the swarm's revocation list names them |
+//! | `murmur_net_revocation_lists_adopted_total` | counter | | revocation lists verified and adopted (each newer than the one before) |
 //! | `murmur_net_peers_authorized_total` | counter | | peers whose invite verified |
 //! | `murmur_net_bad_frames_total` | counter | | tensor streams closed for a bad frame or message |
 //! | `murmur_net_gossip_rejected_total` | counter | | gossip messages rejected |

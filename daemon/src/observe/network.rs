@@ -207,7 +207,7 @@ struct NetCollector {
 
 impl NetCollector {
     fn new(source: SharedSource) -> Result<NetCollector, ObserveError> {
-        let plain: [(&str, &str, ReadCounter); 13] = [
+        let plain: [(&str, &str, ReadCounter); 15] = [
             (
                 "murmur_net_tensor_bytes_sent_total",
                 "Tensor stream bytes written, all peers.",
@@ -222,6 +222,16 @@ impl NetCollector {
                 "murmur_net_auth_rejections_total",
                 "Connections closed because an invite did not verify.",
                 |s| s.auth_rejected,
+            ),
+            (
+                "murmur_net_peers_refused_revoked_total",
+                "Peers refused or disconnected because the swarm's revocation list names them.",
+                |s| s.peers_refused_revoked,
+            ),
+            (
+                "murmur_net_revocation_lists_adopted_total",
+                "Revocation lists verified and adopted, each newer than the one before.",
+                |s| s.revocation_lists_adopted,
             ),
             (
                 "murmur_net_auth_timeouts_total",
@@ -451,6 +461,8 @@ pub(super) mod tests {
             heartbeats_refused_replayed: 19,
             tensor_frames_timed_out: 20,
             tensor_streams_over_partial_budget: 21,
+            peers_refused_revoked: 22,
+            revocation_lists_adopted: 23,
         };
         let bandwidth = BandwidthEstimator::new(0.5, 1);
         bandwidth.record(
@@ -506,6 +518,8 @@ pub(super) mod tests {
             r#"murmur_net_heartbeats_refused_total{reason="replayed"} 19"#.to_owned(),
             "murmur_net_tensor_frames_timed_out_total 20".to_owned(),
             "murmur_net_tensor_streams_over_partial_budget_total 21".to_owned(),
+            "murmur_net_peers_refused_revoked_total 22".to_owned(),
+            "murmur_net_revocation_lists_adopted_total 23".to_owned(),
             format!(
                 r#"murmur_net_peer_throughput_bytes_per_second{{peer="{p1}",direction="upload"}} 2000000"#
             ),

@@ -140,6 +140,26 @@ impl Swarm {
     }
 }
 
+impl Swarm {
+    /// `murmur swarm revoke` for `peers`, writing the list to `out`; returns its stdout.
+    pub(crate) fn revoke(&self, peers: &[&str], out: &Path) -> String {
+        let key = self.root().join("authority.key");
+        let config = self.root().join("swarm.toml");
+        let mut args = vec![
+            "swarm",
+            "revoke",
+            "--authority-key",
+            key.to_str().expect("a UTF-8 path"),
+            "--swarm-config",
+            config.to_str().expect("a UTF-8 path"),
+            "--out",
+            out.to_str().expect("a UTF-8 path"),
+        ];
+        args.extend_from_slice(peers);
+        murmur_cli(&args)
+    }
+}
+
 /// What a test chooses in a peer's config; the rest is fixed for fast loopback swarms:
 /// one trainer thread, the built-in task, and by default QUIC on 127.0.0.1, SGP and
 /// heartbeats every 500 ms.
@@ -185,6 +205,8 @@ pub(crate) struct PeerSettings {
     /// `[model] width` of the default GPT shape (2 layers, 2 heads, context 32); `None`
     /// leaves the default model.
     pub(crate) model_width: Option<usize>,
+    /// `[swarm] revocation_file`, when set.
+    pub(crate) revocation_file: Option<String>,
 }
 
 impl Default for PeerSettings {
@@ -209,6 +231,7 @@ impl Default for PeerSettings {
             metrics_listen: None,
             control_token_file: None,
             model_width: None,
+            revocation_file: None,
         }
     }
 }
@@ -324,6 +347,17 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         min_peers = s.min_peers,
         synthetic = s.synthetic_step_ms,
     );
+    if let Some(file) = &s.revocation_file {
+        // Appended to [swarm], which ends the fixed text's first table that follows it.
+        t = t.replacen(
+            "invite_file = \"invite\"\n",
+            &format!(
+                "invite_file = \"invite\"\nrevocation_file = {}\n",
+                quoted(file)
+            ),
+            1,
+        );
+    }
     if let Some(export) = &s.export {
         let _ = writeln!(t, "export = {}", quoted(export));
     }

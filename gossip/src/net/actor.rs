@@ -31,6 +31,7 @@ use super::heartbeat_freshness::HeartbeatFreshness;
 use super::identity::from_libp2p;
 use super::invites::VerifiedInvites;
 use super::partial_frames::PartialFrameBudget;
+use super::revocations::{Origin, RevocationState};
 use super::tensor_stream::{StreamContext, StreamSlot, TensorStreamReader};
 
 /// How often deadlines (auth, invite expiry, expired requests) are checked.
@@ -159,6 +160,8 @@ pub(crate) struct NetActor {
     pub(crate) gossip_refusals_warned_at: Option<Instant>,
     /// Refused gossip messages logged at debug since then.
     pub(crate) gossip_refusals_unwarned: u64,
+    /// The swarm's revocation list: its file, topic and gossip schedule.
+    pub(crate) revocation: RevocationState,
 }
 
 impl NetActor {
@@ -272,6 +275,9 @@ impl NetActor {
                 };
                 let _ = reply.send(result);
             }
+            Command::Revoke(list, reply) => {
+                let _ = reply.send(self.adopt_revocations(*list, Origin::Handle));
+            }
             // Handled by the loop.
             Command::Shutdown(_) => {}
         }
@@ -356,6 +362,7 @@ impl NetActor {
     /// Enforces every deadline.
     fn on_tick(&mut self) {
         let now = Instant::now();
+        self.revocations_tick(now);
         let now_unix = unix_now();
         let auth_timeout = ValidConfig::ms(self.config.raw.auth_timeout_ms);
         let mut timed_out = Vec::new();

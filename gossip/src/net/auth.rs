@@ -21,7 +21,8 @@
 
 use murmur_protocol::frame::{Frame, FrameError, FrameKind, FrameLimits, VERSION};
 use murmur_protocol::identity::{
-    Invite, InviteDecodeError, InviteError, Keypair, PeerId, PublicKey, SwarmId,
+    Invite, InviteDecodeError, InviteError, Keypair, PeerId, PublicKey, RevocationError,
+    Revocations, SwarmId,
 };
 use murmur_protocol::message::{
     AuthHello, MAX_REJECT_TEXT_LEN, Message, MessageError, Reject, RejectCode,
@@ -73,6 +74,12 @@ pub(crate) enum AuthFailure {
     /// The invite does not admit the peer.
     #[error("invite rejected: {0}")]
     Invite(#[source] InviteError),
+    /// The swarm authority revoked the peer.
+    #[error("the swarm authority revoked this peer (revocation list serial {serial})")]
+    Revoked {
+        /// The serial of the list that names it.
+        serial: u64,
+    },
 }
 
 impl AuthFailure {
@@ -87,7 +94,8 @@ impl AuthFailure {
             AuthFailure::Refused { code, .. } => *code,
             AuthFailure::KeyMismatch { .. }
             | AuthFailure::BadInvite(_)
-            | AuthFailure::Invite(_) => RejectCode::Unauthorized,
+            | AuthFailure::Invite(_)
+            | AuthFailure::Revoked { .. } => RejectCode::Unauthorized,
         }
     }
 }
@@ -106,6 +114,8 @@ pub(crate) struct Authorizer {
     swarm: SwarmId,
     limits: FrameLimits,
     hello: ControlFrame,
+    /// The newest revocation list verified, if any.
+    revocations: Option<Revocations>,
 }
 
 impl Authorizer {
@@ -134,7 +144,36 @@ impl Authorizer {
             swarm,
             limits,
             hello,
+            revocations: None,
         })
+    }
+
+    /// Takes `list` as the swarm's revocation list if it is the authority's, for this
+    /// swarm, and newer than the one held. `Ok(false)`: valid, but not newer.
+    pub(crate) fn adopt(&mut self, list: Revocations) -> Result<bool, RevocationError> {
+        list.verify(&self.authority, &self.swarm)?;
+        if self
+            .revocations
+            .as_ref()
+            .is_some_and(|held| held.serial() >= list.serial())
+        {
+            return Ok(false);
+        }
+        self.revocations = Some(list);
+        Ok(true)
+    }
+
+    /// The revocation list held, if any.
+    pub(crate) fn revocations(&self) -> Option<&Revocations> {
+        self.revocations.as_ref()
+    }
+
+    /// The serial of the list that revokes `peer`, if one does.
+    pub(crate) fn revoked(&self, peer: &PeerId) -> Option<u64> {
+        self.revocations
+            .as_ref()
+            .filter(|list| list.is_revoked(peer))
+            .map(Revocations::serial)
     }
 
     /// Our hello, sent as the first control request on every connection and as the answer
@@ -180,6 +219,9 @@ impl Authorizer {
         invite
             .verify(&self.authority, &self.swarm, remote, now_unix_s)
             .map_err(AuthFailure::Invite)?;
+        if let Some(serial) = self.revoked(remote) {
+            return Err(AuthFailure::Revoked { serial });
+        }
         Ok(Admitted {
             expires_at: invite.expires_at(),
         })
@@ -275,6 +317,39 @@ mod tests {
         let impostor = Keypair::from_seed([9; 32]).peer_id();
         let stolen = receiver.verify(&impostor, sender.hello().as_bytes(), NOW);
         assert!(matches!(stolen, Err(AuthFailure::KeyMismatch { .. })));
+    }
+
+    #[test]
+    fn a_revoked_peer_is_refused_and_only_newer_lists_replace_older_ones() {
+        let (sender, mut receiver, peer) = setup("test-swarm", NOW + 100);
+        let authority = Keypair::from_seed([1; 32]);
+        let swarm = SwarmId::new("test-swarm").unwrap_or_else(|e| panic!("{e}"));
+        let list = |serial, peers: Vec<PeerId>| {
+            Revocations::issue(&authority, &swarm, serial, peers).unwrap_or_else(|e| panic!("{e}"))
+        };
+        assert_eq!(receiver.adopt(list(5, vec![peer])), Ok(true));
+        assert!(matches!(
+            receiver.verify(&peer, sender.hello().as_bytes(), NOW),
+            Err(AuthFailure::Revoked { serial: 5 })
+        ));
+        // An older list (a replay, or one that lifted the revocation before) changes nothing.
+        assert_eq!(receiver.adopt(list(4, vec![])), Ok(false));
+        assert_eq!(receiver.revoked(&peer), Some(5));
+        // A newer one that leaves the peer out lifts the revocation.
+        assert_eq!(receiver.adopt(list(6, vec![])), Ok(true));
+        assert!(
+            receiver
+                .verify(&peer, sender.hello().as_bytes(), NOW)
+                .is_ok()
+        );
+        // Another key's list is refused.
+        let forged = Revocations::issue(&Keypair::from_seed([9; 32]), &swarm, 7, vec![peer])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            receiver.adopt(forged),
+            Err(RevocationError::WrongAuthority { .. })
+        ));
+        assert_eq!(receiver.revoked(&peer), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! | identify | `/ipfs/id/1.0.0` | learns a peer's listen addresses for the DHT |
 //! | ping | `/ipfs/ping/1.0.0` | liveness and round-trip time |
 //! | Kademlia | `/murmur/<swarm>/kad/1.0.0` | discovery; the name keeps swarms apart |
-//! | gossipsub | topic `murmur/<swarm>/heartbeat` | signed heartbeats, validated before relay |
+//! | gossipsub | topics `murmur/<swarm>/heartbeat`, `murmur/<swarm>/revocations` | signed heartbeats and the authority's revocation lists, validated before relay |
 //! | mDNS (optional) | — | discovery on a LAN |
 //! | request-response | `/murmur/<swarm>/control/1` | the auth hello and control messages |
 //! | libp2p-stream | `/murmur/<swarm>/tensor/1` (outbound) | opens tensor streams, backpressured by QUIC flow control |
@@ -28,6 +28,7 @@ use libp2p::swarm::NetworkBehaviour;
 use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::{gossipsub, identify, kad, mdns, ping, request_response};
 use libp2p_connection_limits::ConnectionLimits;
+use murmur_protocol::identity::MAX_REVOCATIONS_LEN;
 
 use super::admission::{Admission, AdmissionLimits};
 use super::config::ValidConfig;
@@ -114,12 +115,14 @@ impl MurmurBehaviour {
         kad.set_mode(Some(kad::Mode::Server));
 
         let heartbeats = gossipsub::IdentTopic::new(config.heartbeat_topic());
+        let revocations = gossipsub::IdentTopic::new(config.revocation_topic());
         let gossip_config = gossipsub::ConfigBuilder::default()
             .heartbeat_interval(ValidConfig::ms(raw.gossip_mesh_interval_ms))
             .validation_mode(gossipsub::ValidationMode::Strict)
             .validate_messages()
             .max_transmit_size(MAX_GOSSIP_READ)
             .max_transmit_size_for_topic(MAX_GOSSIP_MESSAGE, heartbeats.hash())
+            .max_transmit_size_for_topic(MAX_REVOCATIONS_LEN, revocations.hash())
             .build()
             .map_err(|e| NetError::Transport(format!("gossipsub config: {e}")))?;
         let mut gossipsub = gossipsub::Behaviour::new(
@@ -127,9 +130,11 @@ impl MurmurBehaviour {
             gossip_config,
         )
         .map_err(|e| NetError::Transport(format!("gossipsub: {e}")))?;
-        gossipsub
-            .subscribe(&heartbeats)
-            .map_err(|e| NetError::Transport(format!("gossipsub subscribe: {e}")))?;
+        for topic in [&heartbeats, &revocations] {
+            gossipsub
+                .subscribe(topic)
+                .map_err(|e| NetError::Transport(format!("gossipsub subscribe: {e}")))?;
+        }
 
         let mdns = if raw.mdns {
             let behaviour = mdns::tokio::Behaviour::new(mdns::Config::default(), local)

@@ -36,6 +36,11 @@ pub struct NetConfig {
     /// config file: the daemon loads it from the invite file and sets it here.
     #[serde(skip)]
     pub invite: Vec<u8>,
+    /// A revocation list file (`murmur swarm revoke` writes one), read at start and again
+    /// whenever its size or modification time changes. Not read from the `[net]` table:
+    /// the daemon sets it from `swarm.revocation_file`.
+    #[serde(skip)]
+    pub revocation_file: Option<std::path::PathBuf>,
     /// Addresses to listen on, as multiaddrs. QUIC (`/udp/<port>/quic-v1`) is the main
     /// transport; TCP (`/tcp/<port>`, with noise and yamux) is the fallback where UDP is
     /// blocked.
@@ -133,6 +138,7 @@ impl Default for NetConfig {
             swarm_id: String::new(),
             authority: String::new(),
             invite: Vec::new(),
+            revocation_file: None,
             listen_addrs: vec![
                 "/ip4/0.0.0.0/udp/0/quic-v1".to_owned(),
                 "/ip4/0.0.0.0/tcp/0".to_owned(),
@@ -449,6 +455,11 @@ impl ValidConfig {
     /// The gossipsub topic of this swarm's heartbeats.
     pub(crate) fn heartbeat_topic(&self) -> String {
         format!("murmur/{}/heartbeat", self.swarm)
+    }
+
+    /// The gossipsub topic of this swarm's revocation lists.
+    pub(crate) fn revocation_topic(&self) -> String {
+        format!("murmur/{}/revocations", self.swarm)
     }
 
     /// The identify protocol version string.

@@ -22,6 +22,9 @@ pub enum NetError {
         /// What is wrong with it and what is allowed.
         reason: String,
     },
+    /// A revocation list was refused.
+    #[error("revocation list refused: {0}")]
+    Revocation(String),
     /// The libp2p transport could not be built.
     #[error("cannot build the network transport: {0}")]
     Transport(String),

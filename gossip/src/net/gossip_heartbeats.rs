@@ -30,6 +30,14 @@ impl NetActor {
         message_id: gossipsub::MessageId,
         message: gossipsub::Message,
     ) {
+        if message.topic == self.revocation.topic {
+            let acceptance = self.on_revocation_gossip(&source, &message);
+            self.swarm
+                .behaviour_mut()
+                .gossipsub
+                .report_message_validation_result(&message_id, &source, acceptance);
+            return;
+        }
         let verdict = self.check_heartbeat(&source, &message);
         let acceptance = match verdict {
             Ok((peer, body)) => {
@@ -52,7 +60,9 @@ impl NetActor {
                         why: Staleness::Replayed { .. },
                         ..
                     } => self.ctx.metrics.heartbeat_refused_replayed(),
-                    GossipRefusal::UnauthorizedForwarder | GossipRefusal::Invalid(_) => {}
+                    GossipRefusal::UnauthorizedForwarder
+                    | GossipRefusal::Invalid(_)
+                    | GossipRefusal::Revoked { .. } => {}
                 }
                 self.log_gossip_refusal(&source, &refusal);
                 refusal.acceptance()
@@ -69,7 +79,8 @@ impl NetActor {
     /// 1. the peer that forwarded it (gossipsub's propagation source) is admitted;
     /// 2. it is on the heartbeat topic, its envelope verifies, and its signer is the author
     ///    gossipsub names (whose signature gossipsub's strict mode checked);
-    /// 3. its signer is not this node, and holds an invite this node verified in an auth
+    /// 3. its signer is not this node, is not revoked by the swarm's revocation list, and
+    ///    holds an invite this node verified in an auth
     ///    hello and that has not run out
     ///    ([`VerifiedInvites`](super::invites::VerifiedInvites)), whoever forwarded it: a
     ///    member may relay, but cannot vouch for a key it invents;
@@ -114,6 +125,9 @@ impl NetActor {
             return Err(GossipRefusal::Invalid(
                 "heartbeat signed with this node's own key".to_owned(),
             ));
+        }
+        if let Some(serial) = self.authorizer.revoked(&signer) {
+            return Err(GossipRefusal::Revoked { signer, serial });
         }
         let now = unix_now();
         let connected_and_admitted = self.peers.get(&signer_libp2p).is_some_and(|s| {
@@ -173,6 +187,14 @@ pub(crate) enum GossipRefusal {
         /// What the record of verified invites said.
         why: SignerRefusal,
     },
+    /// Signed by a peer the swarm's revocation list names.
+    #[error("heartbeat signed by {signer}, revoked by the swarm authority (list serial {serial})")]
+    Revoked {
+        /// The key that signed it.
+        signer: PeerId,
+        /// The serial of the list that names it.
+        serial: u64,
+    },
     /// Well formed, signed and invited, but stale or replayed.
     #[error("heartbeat signed by {signer}: {why}")]
     Stale {
@@ -198,9 +220,9 @@ impl GossipRefusal {
     /// stale heartbeat is ignored too: an honest forwarder may have relayed it in time.
     fn acceptance(&self) -> gossipsub::MessageAcceptance {
         match self {
-            GossipRefusal::UninvitedSigner { .. } | GossipRefusal::Stale { .. } => {
-                gossipsub::MessageAcceptance::Ignore
-            }
+            GossipRefusal::UninvitedSigner { .. }
+            | GossipRefusal::Revoked { .. }
+            | GossipRefusal::Stale { .. } => gossipsub::MessageAcceptance::Ignore,
             GossipRefusal::UnauthorizedForwarder | GossipRefusal::Invalid(_) => {
                 gossipsub::MessageAcceptance::Reject
             }

@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use libp2p::{Multiaddr, StreamProtocol};
-use murmur_protocol::identity::{Keypair, PayloadType, PeerId, SignedEnvelope};
+use murmur_protocol::identity::{
+    Keypair, PayloadType, PeerId, RevocationError, Revocations, SignedEnvelope,
+};
 use murmur_protocol::message::{HeartbeatBody, Message};
 use tokio::sync::{broadcast, mpsc, oneshot};
 
@@ -41,6 +43,10 @@ pub(crate) enum Command {
         oneshot::Sender<Result<ControlFrame, NetError>>,
     ),
     RespondControl(u64, ControlFrame, oneshot::Sender<Result<(), NetError>>),
+    Revoke(
+        Box<Revocations>,
+        oneshot::Sender<Result<bool, RevocationError>>,
+    ),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -182,6 +188,15 @@ impl NetHandle {
             .map_err(NetError::Seal)?;
         self.ask(|reply| Command::Publish(envelope.into_bytes(), reply))
             .await?
+    }
+
+    /// Adopts `list` as the swarm's revocation list if it is the authority's, for this
+    /// swarm, and newer than the one held (`Ok(false)` when it is not newer): revoked peers
+    /// are disconnected and refused from now on, and the list is gossiped to the swarm.
+    pub async fn adopt_revocations(&self, list: Revocations) -> Result<bool, NetError> {
+        self.ask(|reply| Command::Revoke(Box::new(list), reply))
+            .await?
+            .map_err(|e| NetError::Revocation(e.to_string()))
     }
 
     /// Events (peers authorized, rejected, gone; heartbeats) from now on. A subscriber more

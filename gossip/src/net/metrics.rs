@@ -36,6 +36,8 @@ pub struct NetMetrics {
     heartbeats_refused_replayed: AtomicU64,
     tensor_frames_timed_out: AtomicU64,
     tensor_streams_over_partial_budget: AtomicU64,
+    peers_refused_revoked: AtomicU64,
+    revocation_lists_adopted: AtomicU64,
     per_peer: Mutex<HashMap<PeerId, PeerTraffic>>,
 }
 
@@ -90,6 +92,12 @@ pub struct NetMetricsSnapshot {
     pub tensor_frames_timed_out: u64,
     /// Tensor streams closed because their peer's partial frames would have held more than `net.max_partial_frame_bytes_per_peer`.
     pub tensor_streams_over_partial_budget: u64,
+    /// Peers refused or disconnected because the swarm's revocation list names them (also
+    /// counted in `auth_rejected`).
+    pub peers_refused_revoked: u64,
+    /// Revocation lists this node verified and adopted (each newer than the one before),
+    /// from `swarm.revocation_file` or from other members.
+    pub revocation_lists_adopted: u64,
 }
 
 /// Tensor bytes exchanged with one peer, over streams that have ended.
@@ -128,6 +136,8 @@ impl NetMetrics {
             heartbeats_refused_replayed: get(&self.heartbeats_refused_replayed),
             tensor_frames_timed_out: get(&self.tensor_frames_timed_out),
             tensor_streams_over_partial_budget: get(&self.tensor_streams_over_partial_budget),
+            peers_refused_revoked: get(&self.peers_refused_revoked),
+            revocation_lists_adopted: get(&self.revocation_lists_adopted),
         }
     }
 
@@ -138,6 +148,15 @@ impl NetMetrics {
 
     pub(crate) fn auth_rejected(&self) {
         self.auth_rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn peer_refused_revoked(&self) {
+        self.peers_refused_revoked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn revocation_list_adopted(&self) {
+        self.revocation_lists_adopted
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn auth_timeout(&self) {

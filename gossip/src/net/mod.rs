@@ -19,8 +19,9 @@
 //!
 //! Every connection starts with an [`AuthHello`](murmur_protocol::message::AuthHello)
 //! exchange over the control protocol (see the `auth` module), in which the dialer proves
-//! its invite first. Until a peer is admitted, its Kademlia and identify streams wait
-//! unanswered (the `gate` module), so a stranger learns no member and no address. Until a peer's invite has
+//! its invite first. Until a peer is admitted, its Kademlia, identify and gossip streams
+//! wait unanswered (the `gate` module), so a stranger learns no member, no address and no
+//! heartbeat. Until a peer's invite has
 //! verified against the swarm authority, swarm id, the transport-authenticated peer id and
 //! the clock, its tensor streams are dropped unread, its gossip is rejected and it is kept
 //! out of the DHT. A peer that fails, or does not finish within `net.auth_timeout_ms`, is
@@ -37,6 +38,11 @@
 //! A heartbeat written further than `net.max_heartbeat_age_ms` from this node's clock, or
 //! not after the last one accepted from its signer, is dropped as stale or replayed and
 //! counted.
+//!
+//! The swarm authority can revoke invited peers with a signed, serial-numbered revocation
+//! list (the `revocations` module): read from `swarm.revocation_file` whenever it
+//! changes, or adopted from a member's gossip, the newest list refuses its peers' hellos,
+//! closes their connections and drops their heartbeats.
 //!
 //! # Bounds
 //!
@@ -61,7 +67,7 @@
 //! | connections per source IP | `net.max_pending_incoming_per_ip` in their handshake, `net.max_incoming_connections_per_ip` established |
 //! | peers refused for their invite | banned after `net.ban_after_refusals` refusals for `net.ban_backoff_ms`, doubling to 64 × |
 //! | streams | `net.max_inbound_tensor_streams_per_peer`; `net.max_streams_per_connection` per QUIC connection |
-//! | gossip messages | 4 KiB |
+//! | gossip messages | 4 KiB; revocation lists 33 KiB (1,024 peers) |
 //! | heartbeat age | `net.max_heartbeat_age_ms` either way from this node's clock; the last time of 4 × `net.max_connections` signers is kept for replays |
 //! | verified invites remembered for relayed heartbeats | 4 × `net.max_connections`; expired ones dropped first, then the oldest verification |
 //! | warnings about refused gossip | one per 30 s; the rest at debug |
@@ -92,6 +98,7 @@ mod invites;
 mod metrics;
 mod partial_frames;
 mod rate_limit;
+mod revocations;
 mod swarm_events;
 mod tensor_inbound;
 mod tensor_stream;
@@ -270,6 +277,9 @@ pub async fn spawn(
         ),
         gossip_refusals_warned_at: None,
         gossip_refusals_unwarned: 0,
+        revocation: revocations::RevocationState::new(
+            gossipsub::IdentTopic::new(config.revocation_topic()).hash(),
+        ),
     };
 
     // Wait until each listener has bound, so callers can hand out our addresses at once.
@@ -337,6 +347,8 @@ pub async fn spawn(
         config,
         bootstrap_dials,
     );
+    // A revocation list on disk holds before the first peer is checked.
+    actor.revocations_tick(std::time::Instant::now());
     tokio::spawn(actor.run(commands_rx));
     Ok((
         handle,

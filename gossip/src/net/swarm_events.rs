@@ -407,6 +407,7 @@ impl NetActor {
             });
             self.add_to_dht(&peer);
             self.disclose_to_admitted(peer);
+            self.revocations_for_newcomer();
         }
         self.wake_if_ready(&peer);
     }

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use murmur_gossip::net::{self, NetConfig, NetHandle, NetIdentity, NetInbound};
-use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
+use murmur_protocol::identity::{Invite, Keypair, PeerId, Revocations, SwarmId};
 
 pub const SWARM: &str = "net-test";
 
@@ -67,6 +67,12 @@ impl Authority {
         Invite::issue(&signer, peer, &swarm, from, until)
             .expect("valid window")
             .encode()
+    }
+
+    /// A revocation list of this swarm, signed by this authority.
+    pub fn revoke(&self, serial: u64, peers: &[PeerId]) -> Revocations {
+        let swarm = SwarmId::new(SWARM).expect("valid swarm id");
+        Revocations::issue(&self.key, &swarm, serial, peers.to_vec()).expect("a list")
     }
 
     /// A config for the peer with `seed`, on 127.0.0.1 (QUIC), with test-sized timeouts.

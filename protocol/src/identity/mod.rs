@@ -23,6 +23,7 @@ mod invite;
 mod key_file;
 mod keypair;
 mod peer_id;
+mod revocation;
 mod swarm_id;
 
 pub use envelope::{
@@ -38,4 +39,8 @@ pub use keypair::{
     SIGNATURE_LEN, Signature, VerifyError,
 };
 pub use peer_id::{PeerId, PeerIdError};
+pub use revocation::{
+    MAX_REVOCATIONS_LEN, MAX_REVOKED, REVOCATION_DOMAIN, RevocationDecodeError, RevocationError,
+    Revocations,
+};
 pub use swarm_id::{SwarmId, SwarmIdError};
