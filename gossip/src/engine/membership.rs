@@ -79,6 +79,11 @@ pub struct Membership<P> {
     own: Beat,
     next_beat: Time,
     next_check: Time,
+    /// When [`Membership::silent`] last looked.
+    last_check: Time,
+    /// Silence counts from here at the earliest: the end of the last spell in which this
+    /// peer did not look (it was held by a long computation, or its process stalled).
+    listening_since: Time,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +102,8 @@ impl<P: PeerKey> Membership<P> {
             own: Beat::EMPTY,
             next_beat: now,
             next_check: now,
+            last_check: now,
+            listening_since: now,
         }
     }
 
@@ -165,16 +172,29 @@ impl<P: PeerKey> Membership<P> {
     /// The peers whose heartbeats stopped for [`SILENCE_INTERVALS`] intervals, checked every
     /// quarter interval; they leave the table. Peers never heard from are not given up
     /// here: their connection closing removes them.
+    ///
+    /// Silence is counted only over time this peer was listening: when it has not looked
+    /// for more than an interval (a long engine call held it, or its process stalled),
+    /// the heartbeats others sent meanwhile may still be queued behind the stall, so every
+    /// member gets a whole silence window again from now.
     pub fn silent(&mut self, now: Time, out: &mut Vec<P>) {
         if now < self.next_check {
             return;
         }
+        if now.saturating_since(self.last_check) > self.interval {
+            self.listening_since = now;
+        }
+        self.last_check = now;
         self.next_check = now + self.interval / 4;
         let limit = self.interval.mul_f64(SILENCE_INTERVALS);
+        let since = self.listening_since;
         out.extend(
             self.members
                 .iter()
-                .filter(|(_, m)| m.heard.is_some_and(|h| now.saturating_since(h) > limit))
+                .filter(|(_, m)| {
+                    m.heard
+                        .is_some_and(|h| now.saturating_since(h.max(since)) > limit)
+                })
                 .map(|(p, _)| *p),
         );
         for peer in out.iter() {
@@ -302,15 +322,24 @@ mod tests {
         assert_eq!(m.note(Time::ZERO, MemberEvent::Left(1)), None);
     }
 
+    /// Looks every quarter interval from `from` to `to` (seconds), as an engine's ticks do.
+    fn look(m: &mut Membership<u32>, from: f64, to: f64, gone: &mut Vec<u32>) {
+        let mut t = from;
+        while t <= to + 1e-9 {
+            m.silent(at(t), gone);
+            t += 0.25;
+        }
+    }
+
     #[test]
     fn a_peer_silent_for_more_than_the_bound_is_given_up_and_a_fresh_one_is_not() {
         let mut m = Membership::new(0u32, SECOND, Time::ZERO);
         m.note(at(0.0), MemberEvent::Heartbeat(1, beat(0, 0)));
         m.note(at(0.0), MemberEvent::Admitted(2));
         let mut gone = Vec::new();
-        m.silent(at(1.5), &mut gone);
+        look(&mut m, 0.0, 1.5, &mut gone);
         assert!(gone.is_empty(), "1.5 intervals is within the bound");
-        m.silent(at(1.8), &mut gone);
+        look(&mut m, 1.75, 1.75, &mut gone);
         assert_eq!(gone, [1]);
         assert!(!m.contains(&1));
         assert!(m.contains(&2), "never heard from: left to its connection");
@@ -323,11 +352,35 @@ mod tests {
         m.heard_from(&1, at(1.0));
         m.heard_from(&9, at(1.0));
         let mut gone = Vec::new();
-        m.silent(at(2.0), &mut gone);
+        look(&mut m, 0.0, 2.5, &mut gone);
         assert!(gone.is_empty(), "a chunk at 1.0 s is a sign of life");
         assert_eq!(m.quiet_for(&1, at(2.0)), Some(SECOND));
         assert!(!m.contains(&9), "a parcel admits nobody");
-        m.silent(at(2.7), &mut gone);
+        look(&mut m, 2.75, 2.75, &mut gone);
+        assert_eq!(gone, [1]);
+    }
+
+    #[test]
+    fn a_spell_in_which_this_peer_did_not_look_is_not_counted_as_others_silence() {
+        let mut m = Membership::new(0u32, SECOND, Time::ZERO);
+        m.note(at(0.0), MemberEvent::Heartbeat(1, beat(0, 0)));
+        let mut gone = Vec::new();
+        look(&mut m, 0.0, 1.0, &mut gone);
+        // Held for 3 s (a long engine call): the heartbeats peer 1 sent meanwhile are still
+        // queued when this peer looks again, so peer 1 keeps a whole window from 4.0 s.
+        look(&mut m, 4.0, 5.5, &mut gone);
+        assert!(
+            gone.is_empty(),
+            "given up for this peer's own stall: {gone:?}"
+        );
+        // Still nothing from it a whole window after the stall: now it is silent.
+        look(&mut m, 5.75, 5.75, &mut gone);
+        assert_eq!(gone, [1]);
+        // Without the stall the same heartbeat would have been over the bound at 1.75 s.
+        let mut steady = Membership::new(0u32, SECOND, Time::ZERO);
+        steady.note(at(0.0), MemberEvent::Heartbeat(1, beat(0, 0)));
+        let mut gone = Vec::new();
+        look(&mut steady, 0.0, 1.75, &mut gone);
         assert_eq!(gone, [1]);
     }
 

@@ -9,6 +9,12 @@
 //! the order the engine emitted them, and answers work with [`EngineHandle::work_done`].
 //! Both queues are bounded; a caller that falls behind holds the driver back, so it must
 //! keep reading (the daemon's loop only counts and logs what it reads).
+//!
+//! An engine call runs on the driver's task, and one on a large vector takes seconds. So
+//! that no peer is given up for it: a heartbeat keeper task sends the last heartbeat again
+//! while the driver is held (the `heartbeat_keeper` module), the network events queued
+//! meanwhile are fed in before the next timer's silence check, and a turn held for a
+//! quarter interval or more is logged.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,10 +33,14 @@ use crate::parcel::Parcel;
 
 use super::bootstrap::DialResult;
 use super::exchange::{Mailbox, Outbox};
+use super::heartbeat_keeper::HeartbeatKeeper;
 use super::{NetEvent, NetHandle};
 
 /// Messages queued for the caller.
 const CALLER_QUEUE: usize = 1024;
+
+/// Network events fed to the engine, at most, before a timer's tick.
+const MAX_QUEUED_EVENTS_BEFORE_TICK: usize = 256;
 
 /// How often the driver tells the engine the measured upload bandwidth, and redials the
 /// bootstrap addresses while it knows too few peers.
@@ -230,7 +240,14 @@ where
     let (from_tx, from_rx) = mpsc::channel(CALLER_QUEUE);
     let (to_tx, to_rx) = mpsc::channel(4);
     let (status_tx, status_rx) = watch::channel(engine.status());
+    let keeper = HeartbeatKeeper::spawn(
+        io.net.clone(),
+        clock,
+        config.mode,
+        engine.membership().interval(),
+    );
     let driver = Driver {
+        keeper,
         engine,
         io,
         clock,
@@ -253,6 +270,8 @@ where
 }
 
 struct Driver<E> {
+    /// Sends the latest heartbeat while the engine holds the driver.
+    keeper: HeartbeatKeeper,
     engine: E,
     io: EngineIo,
     clock: EngineClock,
@@ -277,6 +296,21 @@ enum Wake {
     Timer,
     Maintenance,
     LeaveBound,
+}
+
+impl Wake {
+    /// What woke the driver, for the log.
+    fn name(&self) -> &'static str {
+        match self {
+            Wake::Parcel(_) => "parcel",
+            Wake::Report(_) => "send report",
+            Wake::Net(_) => "network event",
+            Wake::Caller(_) => "trainer",
+            Wake::Timer => "timer",
+            Wake::Maintenance => "maintenance",
+            Wake::LeaveBound => "leave bound",
+        }
+    }
 }
 
 impl<E: Engine<PeerId>> Driver<E> {
@@ -309,6 +343,8 @@ impl<E: Engine<PeerId>> Driver<E> {
                 () = sleep_until_some(leave) => Wake::LeaveBound,
             };
             let now = self.clock.now();
+            let woke = Instant::now();
+            let kind = wake.name();
             let input = match wake {
                 Wake::Parcel(delivery) => {
                     if let Some(observer) = &self.observer {
@@ -349,7 +385,10 @@ impl<E: Engine<PeerId>> Driver<E> {
                     EngineInput::Finish
                 }
                 Wake::Caller(None) => return Err(DriverError::CallerGone),
-                Wake::Timer => EngineInput::Tick,
+                Wake::Timer => {
+                    self.note_queued_events()?;
+                    EngineInput::Tick
+                }
                 Wake::Maintenance => {
                     self.maintain();
                     continue;
@@ -360,6 +399,25 @@ impl<E: Engine<PeerId>> Driver<E> {
                 }
             };
             self.engine.handle(now, input)?;
+            let done = self.carry_out().await?;
+            self.note_stall(kind, woke.elapsed());
+            if done {
+                return Ok(DriverExit::Departed);
+            }
+        }
+    }
+
+    /// Warns when one turn of the loop (an engine call and carrying out its outputs) held
+    /// the driver for a quarter of a heartbeat interval or more: meanwhile no heartbeat
+    /// went out and none was noted, so peers may be given up as silent on either side.
+    fn note_stall(&self, kind: &'static str, took: Duration) {
+        let bound = self.engine.membership().interval() / 4;
+        if took >= bound {
+            tracing::warn!(
+                woke_by = kind,
+                took_ms = took.as_millis() as u64,
+                "the averaging engine held its driver; heartbeats wait meanwhile"
+            );
         }
     }
 
@@ -407,6 +465,32 @@ impl<E: Engine<PeerId>> Driver<E> {
 
     fn publish(&self, beat: Beat) {
         publish_heartbeat(&self.io.net, &self.clock, self.config.mode, beat);
+        self.keeper.published(beat);
+    }
+
+    /// Feeds the engine the network events queued meanwhile (a bounded number), so that a
+    /// timer that fires after a long engine call judges silence on the heartbeats that
+    /// arrived during it, not before them. (A call longer than an interval also restarts
+    /// every member's silence window, [`Membership::silent`](crate::engine::Membership::silent);
+    /// this covers the shorter ones.)
+    fn note_queued_events(&mut self) -> Result<(), DriverError> {
+        for _ in 0..MAX_QUEUED_EVENTS_BEFORE_TICK {
+            let event = match self.io.events.try_recv() {
+                Ok(event) => event,
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "membership events lost");
+                    continue;
+                }
+                Err(broadcast::error::TryRecvError::Closed) => {
+                    return Err(DriverError::NetworkStopped);
+                }
+            };
+            let now = self.clock.now();
+            let input = EngineInput::Member(member_event(&self.clock, event));
+            self.engine.handle(now, input)?;
+        }
+        Ok(())
     }
 
     /// Tells the engine the measured bandwidth; redials the bootstrap addresses while the

@@ -93,6 +93,7 @@ mod gate;
 mod gossip_heartbeats;
 mod handle;
 mod heartbeat_freshness;
+mod heartbeat_keeper;
 mod identity;
 mod invites;
 mod metrics;
