@@ -246,8 +246,11 @@ where
         config.mode,
         engine.membership().interval(),
     );
+    let multi_thread = tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::MultiThread;
     let driver = Driver {
         keeper,
+        multi_thread,
         engine,
         io,
         clock,
@@ -272,6 +275,8 @@ where
 struct Driver<E> {
     /// Sends the latest heartbeat while the engine holds the driver.
     keeper: HeartbeatKeeper,
+    /// Whether the runtime has worker threads to hand tasks to.
+    multi_thread: bool,
     engine: E,
     io: EngineIo,
     clock: EngineClock,
@@ -398,7 +403,14 @@ impl<E: Engine<PeerId>> Driver<E> {
                     return Ok(DriverExit::LeaveTimedOut);
                 }
             };
-            self.engine.handle(now, input)?;
+            let heavy = matches!(kind, "parcel" | "trainer");
+            if heavy && self.multi_thread {
+                // May run for seconds on a large vector: hand this worker's queued tasks
+                // (the network task, the heartbeat keeper) to another thread meanwhile.
+                tokio::task::block_in_place(|| self.engine.handle(now, input))?;
+            } else {
+                self.engine.handle(now, input)?;
+            }
             let done = self.carry_out().await?;
             self.note_stall(kind, woke.elapsed());
             if done {
