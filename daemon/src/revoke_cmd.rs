@@ -58,7 +58,7 @@ pub(crate) fn revoke(args: &SwarmRevokeArgs) -> anyhow::Result<()> {
         println!("  {peer}");
     }
     println!(
-        "copy it to any member's swarm.revocation_file: members read it within a second and \
+        "copy it to any member's swarm.revocation_file: members look at it every second and \
          gossip it to the rest"
     );
     Ok(())
