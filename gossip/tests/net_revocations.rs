@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use murmur_gossip::net::{self, NetHandle};
-use murmur_protocol::identity::{Keypair, PeerId, Revocations, SwarmId};
+use murmur_protocol::identity::{Keypair, MAX_REVOKED, PeerId, Revocations, SwarmId};
 use support::{Authority, InviteKind, SWARM, address_of, connect, eventually};
 
 /// Long enough for a list to be gossiped and a connection closed after its refusal grace.
@@ -45,8 +45,20 @@ async fn a_revoked_member_is_cut_off_by_every_member_though_only_one_was_given_t
     .await;
     // b must be on a's revocation topic before a publishes; its admission schedules a
     // republish anyway, so either way the list reaches it.
+    // The longest list there is (c and 1,023 other keys, about 33 KiB) must cross gossip.
+    let mut revoked: Vec<PeerId> = (0..MAX_REVOKED as u32 - 1)
+        .map(|i| {
+            let mut seed = [0u8; 32];
+            seed[..4].copy_from_slice(&i.to_le_bytes());
+            seed[31] = 1;
+            Keypair::from_seed(seed).peer_id()
+        })
+        .collect();
+    revoked.push(c_id);
     assert_eq!(
-        a.adopt_revocations(authority.revoke(2, &[c_id])).await.ok(),
+        a.adopt_revocations(authority.revoke(2, &revoked))
+            .await
+            .ok(),
         Some(true)
     );
     eventually(WITHIN, "a and b both drop c", || {

@@ -42,6 +42,11 @@ use super::tensor_inbound::TensorInbound;
 /// transport.
 const MAX_GOSSIP_MESSAGE: usize = 4096;
 
+/// What gossipsub adds to a message's data (its source key and id, sequence number,
+/// topic and signature) within the size it checks against a topic's bound: a revocation
+/// list of the largest size must still fit.
+const GOSSIP_MESSAGE_OVERHEAD: usize = 1024;
+
 /// The most bytes one gossipsub read may hold. libp2p-gossipsub checks its whole read
 /// buffer, which can hold several small messages at once, against this bound, and closes
 /// the stream when it is over: at `MAX_GOSSIP_MESSAGE` a burst of heartbeats read together
@@ -122,7 +127,10 @@ impl MurmurBehaviour {
             .validate_messages()
             .max_transmit_size(MAX_GOSSIP_READ)
             .max_transmit_size_for_topic(MAX_GOSSIP_MESSAGE, heartbeats.hash())
-            .max_transmit_size_for_topic(MAX_REVOCATIONS_LEN, revocations.hash())
+            .max_transmit_size_for_topic(
+                MAX_REVOCATIONS_LEN + GOSSIP_MESSAGE_OVERHEAD,
+                revocations.hash(),
+            )
             .build()
             .map_err(|e| NetError::Transport(format!("gossipsub config: {e}")))?;
         let mut gossipsub = gossipsub::Behaviour::new(
