@@ -122,7 +122,7 @@ impl ConfigFile {
             .as_ref()
             .map(|f| self.resolve(f));
         if let Some(file) = &revocation_file {
-            check_revocations(file, &authority, &swarm, &invite_file)
+            check_revocations(file, &authority, &swarm)
                 .map_err(|reason| at.invalid("swarm.revocation_file", "\"revocations\"", reason))?;
         }
 
@@ -318,17 +318,9 @@ fn resolve_data_paths(source: &mut DataSource, resolve: impl Fn(&Path) -> PathBu
 
 /// A revocation file, when it exists, must be a list this swarm's authority signed for this
 /// swarm (a missing one is fine: nothing is revoked until the organizer writes it).
-fn check_revocations(
-    file: &Path,
-    authority: &PeerId,
-    swarm: &SwarmId,
-    invite_file: &Path,
-) -> Result<(), String> {
+fn check_revocations(file: &Path, authority: &PeerId, swarm: &SwarmId) -> Result<(), String> {
     if file.symlink_metadata().is_err() {
         return Ok(());
-    }
-    if file == invite_file {
-        return Err("names the invite file".to_owned());
     }
     let bytes = read_regular(file, MAX_REVOCATIONS_LEN)
         .map_err(|e| format!("cannot read the revocation list: {e}"))?;

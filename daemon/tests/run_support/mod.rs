@@ -327,12 +327,17 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
     let _ = write!(
         t,
         "[identity]\nkey_file = \"murmur.key\"\n\n\
-         [swarm]\nid = {id}\nauthority = {authority}\ninvite_file = \"invite\"\n\n\
+         [swarm]\nid = {id}\nauthority = {authority}\ninvite_file = \"invite\"\n{revocation}\n\
          [net]\nlisten_addrs = [{listen}]\nbootstrap = [{bootstrap}]\nmdns = false\n{net_keys}\n\
          [volunteer]\ncpu_threads = 1\n\n\
          [training]\nsteps = {steps}\neval_every_steps = {eval}\nmin_peers = {min_peers}\n\
          start_timeout_ms = 30000\ndevice = {device}\nsynthetic_step_ms = {synthetic}\n",
         id = quoted(SWARM_ID),
+        revocation = s
+            .revocation_file
+            .as_deref()
+            .map(|file| format!("revocation_file = {}\n", quoted(file)))
+            .unwrap_or_default(),
         device = quoted(&s.device),
         authority = quoted(authority),
         bootstrap = bootstrap.join(", "),
@@ -347,17 +352,6 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
         min_peers = s.min_peers,
         synthetic = s.synthetic_step_ms,
     );
-    if let Some(file) = &s.revocation_file {
-        // Appended to [swarm], which ends the fixed text's first table that follows it.
-        t = t.replacen(
-            "invite_file = \"invite\"\n",
-            &format!(
-                "invite_file = \"invite\"\nrevocation_file = {}\n",
-                quoted(file)
-            ),
-            1,
-        );
-    }
     if let Some(export) = &s.export {
         let _ = writeln!(t, "export = {}", quoted(export));
     }

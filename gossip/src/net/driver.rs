@@ -304,6 +304,15 @@ enum Wake {
 }
 
 impl Wake {
+    /// Whether the engine call it leads to may work on the whole vector: a parcel (the last
+    /// chunk of a part) or the trainer's finished work.
+    fn may_take_long(&self) -> bool {
+        matches!(
+            self,
+            Wake::Parcel(_) | Wake::Caller(Some(ToEngine::Done(_)))
+        )
+    }
+
     /// What woke the driver, for the log.
     fn name(&self) -> &'static str {
         match self {
@@ -350,6 +359,7 @@ impl<E: Engine<PeerId>> Driver<E> {
             let now = self.clock.now();
             let woke = Instant::now();
             let kind = wake.name();
+            let heavy = wake.may_take_long();
             let input = match wake {
                 Wake::Parcel(delivery) => {
                     if let Some(observer) = &self.observer {
@@ -403,7 +413,6 @@ impl<E: Engine<PeerId>> Driver<E> {
                     return Ok(DriverExit::LeaveTimedOut);
                 }
             };
-            let heavy = matches!(kind, "parcel" | "trainer");
             if heavy && self.multi_thread {
                 // May run for seconds on a large vector: hand this worker's queued tasks
                 // (the network task, the heartbeat keeper) to another thread meanwhile.
