@@ -8,7 +8,8 @@
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
     AveragedChunk, GroupBegin, GroupMember, GroupReject, JoinGroup, MAX_GROUP_MEMBERS, Message,
-    PushSumShare, ShareRefused, StateSyncRequest, StateSyncResponse, TensorPartChunk,
+    PushSumShare, ShareCancel, ShareReceipt, ShareRefused, StateSyncRequest, StateSyncResponse,
+    TensorPartChunk,
 };
 
 /// An averaging-protocol message with its payload in an owned buffer.
@@ -26,6 +27,10 @@ pub enum Parcel<P = PeerId> {
     Share(PushSumShare<'static>, Vec<u8>),
     /// A push-sum share its receiver could not use, for the sender to take back (SGP).
     ShareRefused(ShareRefused),
+    /// What became of a push-sum share at its receiver (SGP).
+    ShareReceipt(ShareReceipt),
+    /// A sender's request for the receipt of a share it has not had one for (SGP).
+    ShareCancel(ShareCancel),
     /// A member's copy of a chunk of the part its receiver reduces (butterfly, ring).
     PartChunk(TensorPartChunk<'static>, Vec<u8>),
     /// A chunk of an averaged part (butterfly).
@@ -95,6 +100,8 @@ impl Parcel<PeerId> {
             Message::GroupReject(m) => Parcel::GroupReject(*m),
             Message::StateSyncRequest(m) => Parcel::StateSyncRequest(*m),
             Message::ShareRefused(m) => Parcel::ShareRefused(*m),
+            Message::ShareReceipt(m) => Parcel::ShareReceipt(*m),
+            Message::ShareCancel(m) => Parcel::ShareCancel(*m),
             Message::GroupBegin(m) => {
                 let mut members = Vec::with_capacity(m.members.len().min(MAX_GROUP_MEMBERS));
                 for (index, member) in m.members.iter().enumerate() {
@@ -130,6 +137,8 @@ impl Parcel<PeerId> {
             Parcel::GroupReject(m) => Message::GroupReject(*m),
             Parcel::StateSyncRequest(m) => Message::StateSyncRequest(*m),
             Parcel::ShareRefused(m) => Message::ShareRefused(*m),
+            Parcel::ShareReceipt(m) => Message::ShareReceipt(*m),
+            Parcel::ShareCancel(m) => Message::ShareCancel(*m),
             Parcel::GroupBegin {
                 round,
                 group_id,

@@ -6,6 +6,7 @@ use std::time::Duration;
 use murmur_gossip::Time;
 use murmur_gossip::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::message::ShareOutcome;
 
 const T0: Time = Time::ZERO;
 
@@ -51,19 +52,31 @@ fn step(peer: &mut SgpPeer<u32>) -> (u32, ShareHeader, Vec<u8>) {
     sent.remove(0)
 }
 
-/// Runs one local step of `peer` whose share the transport then reports delivered (to a
-/// receiver this test does not run); returns the receiver.
+/// Runs one local step of `peer` whose share the transport then reports delivered and its
+/// receiver (which this test does not run) acknowledges; returns the receiver.
 fn step_delivered(peer: &mut SgpPeer<u32>) -> u32 {
     let (to, header, _) = step(peer);
-    peer.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to,
-            seq: header.seq,
-        },
-    )
-    .expect("delivered");
+    settle(peer, to, header);
     to
+}
+
+/// The transport reports `header`'s share to `to` written, and `to` says it applied it.
+fn settle(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader) {
+    let delivered = SgpInput::ShareDelivered {
+        to,
+        seq: header.seq,
+    };
+    peer.handle(T0, delivered).expect("delivered");
+    receipt(peer, to, header.step, ShareOutcome::Applied);
+}
+
+fn receipt(peer: &mut SgpPeer<u32>, from: u32, step: u64, outcome: ShareOutcome) {
+    let input = SgpInput::ReceiptReceived {
+        from,
+        step,
+        outcome,
+    };
+    peer.handle(T0, input).expect("receipt");
 }
 
 #[test]
@@ -190,17 +203,13 @@ fn a_graceful_leave_hands_all_mass_to_the_successor_and_forwards_late_shares() {
     assert_eq!(forwarded.len(), 1);
     assert_eq!((forwarded[0].0, forwarded[0].1.weight), (2, late.weight));
 
+    assert_ne!(
+        header.step, forwarded[0].1.step,
+        "each hand-off has its own step"
+    );
     for (to, header, _) in [handed[0].clone(), forwarded[0].clone()] {
         assert!(!leaver.has_departed());
-        leaver
-            .handle(
-                T0,
-                SgpInput::ShareDelivered {
-                    to,
-                    seq: header.seq,
-                },
-            )
-            .expect("delivered");
+        settle(&mut leaver, to, header);
     }
     assert_eq!(outputs(&mut leaver), [SgpOutput::Departed]);
     assert!(leaver.has_departed());
@@ -288,14 +297,7 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
         payload: &payload,
     };
     b.handle(T0, input).expect("exact share");
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to: 1,
-            seq: first.seq,
-        },
-    )
-    .expect("delivered");
+    settle(&mut a, 1, first);
 
     // The next is a quantized deviation from that reference.
     outputs(&mut a);
@@ -353,8 +355,7 @@ fn quantized_sender() -> (SgpPeer<u32>, Vec<f32>) {
         payload: &payload,
     };
     b.handle(T0, input).expect("exact share");
-    let delivered = SgpInput::ShareDelivered { to, seq: first.seq };
-    a.handle(T0, delivered).expect("delivered");
+    settle(&mut a, to, first);
     (a, values)
 }
 
@@ -447,11 +448,7 @@ fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
 fn a_refusal_of_a_share_a_later_one_replaced_is_not_taken_back() {
     let (mut a, _) = quantized_sender();
     let (_, second, _) = step(&mut a);
-    let delivered = SgpInput::ShareDelivered {
-        to: 1,
-        seq: second.seq,
-    };
-    a.handle(T0, delivered).expect("delivered");
+    settle(&mut a, 1, second);
     let (_, third, _) = step(&mut a);
     assert_eq!(third.reference, Some(second.step));
     // The edge's reference is now the third share's: the second's value is gone.
@@ -487,4 +484,242 @@ fn a_peer_whose_shares_are_all_lost_keeps_its_parameters_past_f32_underflow() {
     let mut z = [0f32; 3];
     a.debiased_into(&mut z).expect("mass");
     assert_eq!(z, values);
+}
+
+/// The cancel requests among `outputs`, as (receiver, step).
+fn cancels(outputs: &[SgpOutput<u32>]) -> Vec<(u32, u64)> {
+    outputs
+        .iter()
+        .filter_map(|output| match output {
+            SgpOutput::Cancel { to, step } => Some((*to, *step)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The receipts among `outputs`, as (sender, step, outcome).
+fn receipts(outputs: &[SgpOutput<u32>]) -> Vec<(u32, u64, ShareOutcome)> {
+    outputs
+        .iter()
+        .filter_map(|output| match output {
+            SgpOutput::Receipt { to, step, outcome } => Some((*to, *step, *outcome)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_written_share_its_receiver_never_applied_is_cancelled_then_taken_back_once() {
+    let mut a = peer(0, 2, &[1.0, 3.0], SgpConfig::default());
+    let mut b = peer(1, 2, &[5.0, -1.0], SgpConfig::default());
+    let (to, header, payload) = step(&mut a);
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to,
+            seq: header.seq,
+        },
+    )
+    .expect("written");
+    assert_eq!(a.state().weight(), 0.5);
+    // No receipt by the deadline: a asks b, again every timeout while b says nothing.
+    let deadline = a.poll_timeout().expect("waits for a receipt");
+    a.handle(deadline, SgpInput::Tick).expect("tick");
+    assert_eq!(cancels(&outputs(&mut a)), [(1, header.step)]);
+    let again = a.poll_timeout().expect("still waits");
+    assert!(again > deadline);
+    a.handle(again, SgpInput::Tick).expect("tick");
+    assert_eq!(cancels(&outputs(&mut a)), [(1, header.step)]);
+    assert_eq!(a.stats().cancels_sent, 2);
+
+    // b never had the share (its connection closed with the bytes in a buffer): it says
+    // so, and will not apply the share if it turns up after all.
+    outputs(&mut b);
+    let ask = SgpInput::CancelAsked {
+        from: 0,
+        step: header.step,
+    };
+    b.handle(T0, ask).expect("cancel");
+    assert_eq!(
+        receipts(&outputs(&mut b)),
+        [(0, header.step, ShareOutcome::Cancelled)]
+    );
+    let late = SgpInput::ShareReceived {
+        from: 0,
+        header,
+        payload: &payload,
+    };
+    let error = b.handle(T0, late).expect_err("cancelled");
+    assert_eq!(error, SgpError::Cancelled { step: header.step });
+    assert_eq!(b.state().weight(), 1.0);
+
+    // a takes the mass back exactly, once; the swarm's mass is whole.
+    receipt(&mut a, 1, header.step, ShareOutcome::Cancelled);
+    assert_eq!(a.state().weight(), 1.0);
+    assert_eq!(a.state().numerator(), [1.0, 3.0]);
+    assert_eq!(a.shares_in_flight(), 0);
+    assert_eq!(a.stats().shares_cancelled, 1);
+    receipt(&mut a, 1, header.step, ShareOutcome::Cancelled);
+    assert_eq!(a.state().weight(), 1.0);
+}
+
+#[test]
+fn a_cancel_for_an_applied_share_is_answered_applied_and_moves_nothing() {
+    let mut a = peer(0, 2, &[1.0, 3.0], SgpConfig::default());
+    let mut b = peer(1, 2, &[5.0, -1.0], SgpConfig::default());
+    let (to, header, payload) = step(&mut a);
+    let share = SgpInput::ShareReceived {
+        from: 0,
+        header,
+        payload: &payload,
+    };
+    b.handle(T0, share).expect("applied");
+    // b's receipt is lost with its connection.
+    assert_eq!(
+        receipts(&outputs(&mut b)),
+        [(0, header.step, ShareOutcome::Applied)]
+    );
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to,
+            seq: header.seq,
+        },
+    )
+    .expect("written");
+    let deadline = a.poll_timeout().expect("waits for a receipt");
+    a.handle(deadline, SgpInput::Tick).expect("tick");
+    assert_eq!(cancels(&outputs(&mut a)), [(1, header.step)]);
+    let ask = SgpInput::CancelAsked {
+        from: 0,
+        step: header.step,
+    };
+    b.handle(T0, ask).expect("cancel");
+    let answer = receipts(&outputs(&mut b));
+    assert_eq!(answer, [(0, header.step, ShareOutcome::Applied)]);
+    receipt(&mut a, 1, header.step, ShareOutcome::Applied);
+    assert_eq!(a.shares_in_flight(), 0);
+    assert_eq!(a.state().weight() + b.state().weight(), 2.0);
+    assert_eq!(a.stats().shares_acknowledged, 1);
+}
+
+#[test]
+fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel() {
+    let (mut a, values) = quantized_sender();
+    let (_, second, _) = step(&mut a);
+    assert!(second.reference.is_some());
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to: 1,
+            seq: second.seq,
+        },
+    )
+    .expect("written");
+    // The edge waits for the receipt: the next step keeps its share.
+    outputs(&mut a);
+    a.handle(T0, SgpInput::LocalStepDone).expect("step");
+    assert!(shares(&outputs(&mut a)).is_empty());
+    let weight_before = a.state().weight();
+    receipt(&mut a, 1, second.step, ShareOutcome::Cancelled);
+    assert_eq!(a.state().weight(), weight_before + second.weight);
+    let mut z = vec![0.0; 100];
+    a.debiased_into(&mut z).expect("mass");
+    for (&z, &v) in z.iter().zip(&values) {
+        assert!((z - v).abs() < 1e-5, "z {z} v {v}");
+    }
+    // The edge was forgotten with it: the next share goes exactly.
+    let (_, next, _) = step(&mut a);
+    assert_eq!((next.reference, next.codec), (None, CodecSpec::F32));
+}
+
+#[test]
+fn a_receiver_out_of_the_view_is_asked_once_back_and_never_answered_for() {
+    let mut a = peer(0, 2, &[2.0], SgpConfig::default());
+    let (to, header, _) = step(&mut a);
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to,
+            seq: header.seq,
+        },
+    )
+    .expect("written");
+    // Given up as silent: it may be frozen with the share applied, so nothing comes back.
+    a.handle(T0, SgpInput::PeerCrashed(1)).expect("crashed");
+    let deadline = a.poll_timeout().expect("waits");
+    a.handle(deadline, SgpInput::Tick).expect("tick");
+    assert!(cancels(&outputs(&mut a)).is_empty(), "nobody to ask");
+    assert_eq!(a.state().weight(), 0.5);
+    assert_eq!(a.shares_in_flight(), 1);
+    // Back in the view, it is asked at once, and its answer settles the share.
+    let back = deadline + Duration::from_millis(1);
+    a.handle(back, SgpInput::PeerJoined(1)).expect("joined");
+    assert_eq!(a.poll_timeout(), Some(back));
+    a.handle(back, SgpInput::Tick).expect("tick");
+    assert_eq!(cancels(&outputs(&mut a)), [(1, header.step)]);
+    receipt(&mut a, 1, header.step, ShareOutcome::Cancelled);
+    assert_eq!(a.state().weight(), 1.0);
+    assert_eq!(a.state().numerator(), [2.0]);
+}
+
+#[test]
+fn a_receiver_that_never_returns_has_its_share_given_up_not_taken_back() {
+    let mut a = peer(0, 2, &[2.0], SgpConfig::default());
+    let (to, header, _) = step(&mut a);
+    a.handle(
+        T0,
+        SgpInput::ShareDelivered {
+            to,
+            seq: header.seq,
+        },
+    )
+    .expect("written");
+    a.handle(T0, SgpInput::PeerCrashed(1)).expect("crashed");
+    let mut ticks = 0;
+    while let Some(at) = a.poll_timeout() {
+        a.handle(at, SgpInput::Tick).expect("tick");
+        ticks += 1;
+        assert!(
+            ticks <= murmur_gossip::sgp::GIVE_UP_AFTER + 1,
+            "never given up"
+        );
+    }
+    assert_eq!(ticks, murmur_gossip::sgp::GIVE_UP_AFTER + 1);
+    assert_eq!(a.stats().shares_abandoned, 1);
+    assert_eq!(
+        a.state().weight(),
+        0.5,
+        "lost with the receiver, never doubled"
+    );
+    assert!(cancels(&outputs(&mut a)).is_empty());
+}
+
+#[test]
+fn an_exact_edge_carries_at_most_four_unacknowledged_shares() {
+    let config = SgpConfig {
+        staleness: 0,
+        ..SgpConfig::default()
+    };
+    let mut a = peer(0, 2, &[1.0], config);
+    for expected in 0..4 {
+        let (to, header, _) = step(&mut a);
+        assert_eq!(header.step, expected);
+        a.handle(
+            T0,
+            SgpInput::ShareDelivered {
+                to,
+                seq: header.seq,
+            },
+        )
+        .expect("written");
+    }
+    let weight = a.state().weight();
+    outputs(&mut a);
+    a.handle(T0, SgpInput::LocalStepDone).expect("step");
+    assert!(shares(&outputs(&mut a)).is_empty(), "the fifth waits");
+    assert_eq!(a.state().weight(), weight);
+    receipt(&mut a, 1, 0, ShareOutcome::Applied);
+    let (_, header, _) = step(&mut a);
+    assert_eq!(header.step, 5);
 }

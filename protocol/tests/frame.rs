@@ -172,7 +172,7 @@ fn kind_bytes_are_distinct_and_round_trip() {
         assert_eq!(FrameKind::from_byte(kind.to_byte()), Some(kind));
     }
     assert_eq!(FrameKind::from_byte(0), None);
-    assert_eq!(FrameKind::from_byte(13), None);
+    assert_eq!(FrameKind::from_byte(15), None);
 }
 
 #[test]
@@ -292,7 +292,7 @@ fn wrong_version_is_rejected() {
 
 #[test]
 fn unknown_kind_is_rejected_naming_the_byte() {
-    for kind in [0, 13, 200, 255] {
+    for kind in [0, 15, 200, 255] {
         let header = raw_header(MAGIC, VERSION, kind, 0, 0);
         let mut decoder = FrameDecoder::new(FrameLimits::default());
         assert_eq!(

@@ -24,11 +24,19 @@ pub(crate) enum Refusal {
     TakenBack,
     /// A share this peer sent was refused too late to take back; its mass is lost.
     Lost,
+    /// A share this peer sent was never applied (its connection died first): asked, the
+    /// receiver cancelled it, and this peer took it back.
+    Cancelled,
 }
 
 impl Refusal {
     /// Every kind, in label order.
-    pub(crate) const ALL: [Refusal; 3] = [Refusal::Refused, Refusal::TakenBack, Refusal::Lost];
+    pub(crate) const ALL: [Refusal; 4] = [
+        Refusal::Refused,
+        Refusal::TakenBack,
+        Refusal::Lost,
+        Refusal::Cancelled,
+    ];
 
     /// The label value.
     pub(crate) fn name(self) -> &'static str {
@@ -36,6 +44,7 @@ impl Refusal {
             Refusal::Refused => "refused",
             Refusal::TakenBack => "taken_back",
             Refusal::Lost => "lost",
+            Refusal::Cancelled => "cancelled",
         }
     }
 
@@ -44,6 +53,7 @@ impl Refusal {
             Refusal::Refused => 0,
             Refusal::TakenBack => 1,
             Refusal::Lost => 2,
+            Refusal::Cancelled => 3,
         }
     }
 }
@@ -154,7 +164,7 @@ struct Inner {
     parts_timed_out: [IntCounter; MODES],
     push_sum_weight: Gauge,
     consensus_drift: Gauge,
-    refusals: [IntCounter; 3],
+    refusals: [IntCounter; 4],
     weights_capped: IntCounter,
     contributions_rejected: IntCounter,
     /// Has no labels: its one series exists only while the ratio is known.
@@ -482,7 +492,12 @@ mod tests {
         m.count_refusal(Refusal::TakenBack);
         m.count_refusal(Refusal::Lost);
         let text = text(&registry);
-        for (event, count) in [("refused", 0), ("taken_back", 2), ("lost", 1)] {
+        for (event, count) in [
+            ("refused", 0),
+            ("taken_back", 2),
+            ("lost", 1),
+            ("cancelled", 0),
+        ] {
             let line =
                 format!("murmur_averaging_share_refusals_total{{event=\"{event}\"}} {count}\n");
             assert!(text.contains(&line), "{line}{text}");

@@ -47,7 +47,7 @@
 //! | `murmur_averaging_parts_timed_out_total` | counter | mode | parts whose reducer did not answer in time (kept local values) |
 //! | `murmur_averaging_step_rate_ratio` | gauge | | SGP: this peer's step rate over the median of its peers', from their heartbeat steps over 30 s; absent until known |
 //! | `murmur_averaging_slow_peers` | gauge | | SGP: peers, this one included, stepping at under half the median step rate; absent outside SGP and until known |
-//! | `murmur_averaging_share_refusals_total` | counter | event | push-sum shares refused for a reference the receiver did not hold (SGP): `refused` here, or sent from here and `taken_back` or `lost` |
+//! | `murmur_averaging_share_refusals_total` | counter | event | push-sum shares refused for a reference the receiver did not hold (SGP): `refused` here, or sent from here and `taken_back` or `lost`; `cancelled`: sent from here, never applied (its connection died first), and taken back after asking the receiver |
 //! | `murmur_averaging_weights_capped_total` | counter | | senders whose declared weight this peer's reductions cut to `averaging.butterfly.max_weight_ratio` times the median |
 //! | `murmur_averaging_contributions_rejected_total` | counter | | contributions this peer's CenteredClip reductions set aside as outliers, summed over chunks |
 //! | `murmur_net_connected_peers` | gauge | | connected peers whose invite verified |

@@ -91,6 +91,8 @@ impl Traffic {
         let (codec, kind, elements) = match parcel {
             Parcel::Share(m, _) => (Some(m.codec), FrameKind::PushSumShare, m.elements),
             Parcel::ShareRefused(_) => (None, FrameKind::ShareRefused, 0),
+            Parcel::ShareReceipt(_) => (None, FrameKind::ShareReceipt, 0),
+            Parcel::ShareCancel(_) => (None, FrameKind::ShareCancel, 0),
             Parcel::PartChunk(m, _) => (
                 Some(m.codec),
                 FrameKind::TensorPartChunk,
@@ -277,6 +279,10 @@ impl Peer {
                     RefusalFate::TakenBack => {
                         tracing::info!(%peer, "a refused share taken back");
                         Refusal::TakenBack
+                    }
+                    RefusalFate::Cancelled => {
+                        tracing::info!(%peer, "a share its receiver never applied, taken back");
+                        Refusal::Cancelled
                     }
                     RefusalFate::Lost => {
                         tracing::warn!(%peer, "a refused or returned share's mass is lost");

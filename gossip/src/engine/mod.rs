@@ -133,6 +133,9 @@ pub enum RefusalFate {
     TakenBack,
     /// A share this peer sent was refused, and its mass could not be taken back.
     Lost,
+    /// A share this peer sent had no receipt; asked, its receiver said it never applied it
+    /// and never will, and the mass was taken back.
+    Cancelled,
 }
 
 /// Something an engine reports for metrics and logs.

@@ -4,12 +4,13 @@
 //! A step runs on the trainer at the de-biased parameters `z = x / w`. Its update `Δz`
 //! comes back and is added to the numerator as `w·Δz`, so that `z` moves by exactly the
 //! optimizer's step even when shares arrived (and changed `w`) while the step computed.
-//! Shares go out as parcels whose send reports confirm them or hand their mass back;
-//! shares that arrive are folded in at once.
+//! Shares go out as parcels; the transport's reports pace the steps or hand a share's mass
+//! back, and the receiver's receipt settles it. Shares that arrive are folded in at once
+//! and acknowledged.
 
 use std::collections::{HashMap, VecDeque};
 
-use murmur_protocol::message::ShareRefused;
+use murmur_protocol::message::{ShareCancel, ShareReceipt, ShareRefused};
 
 use crate::parcel::Parcel;
 use crate::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
@@ -21,9 +22,9 @@ use super::{
     WorkDone,
 };
 
-/// The tag of refusal notices; shares are tagged with their sequence numbers, which never
-/// reach it.
-const REFUSAL_TAG: u64 = u64::MAX;
+/// The tag of notices (refusals, receipts, cancels); shares are tagged with their sequence
+/// numbers, which never reach it.
+const NOTICE_TAG: u64 = u64::MAX;
 
 /// The SGP engine. See the [module docs](self).
 #[derive(Debug)]
@@ -121,6 +122,13 @@ impl<P: PeerKey> SgpEngine<P> {
                         parcel,
                     });
                 }
+                SgpOutput::Receipt { to, step, outcome } => {
+                    let parcel = Parcel::ShareReceipt(ShareReceipt { step, outcome });
+                    self.notice(to, parcel);
+                }
+                SgpOutput::Cancel { to, step } => {
+                    self.notice(to, Parcel::ShareCancel(ShareCancel { step }));
+                }
                 SgpOutput::StartStep { step } => {
                     if !self.finishing {
                         self.start_step(step)?;
@@ -135,6 +143,14 @@ impl<P: PeerKey> SgpEngine<P> {
             }
         }
         Ok(())
+    }
+
+    fn notice(&mut self, to: P, parcel: Parcel<P>) {
+        self.outputs.push_back(EngineOutput::Send {
+            to,
+            tag: NOTICE_TAG,
+            parcel,
+        });
     }
 
     fn start_step(&mut self, step: u64) -> Result<(), EngineError> {
@@ -211,6 +227,36 @@ impl<P: PeerKey> SgpEngine<P> {
                 };
                 self.event(EngineEvent::Refusal { peer: from, fate });
             }
+            Parcel::ShareReceipt(receipt) => {
+                let input = SgpInput::ReceiptReceived {
+                    from,
+                    step: receipt.step,
+                    outcome: receipt.outcome,
+                };
+                let cancelled = self.machine.stats().shares_cancelled;
+                let result = self.machine.handle(now, input);
+                if self.machine.stats().shares_cancelled > cancelled {
+                    self.event(EngineEvent::Refusal {
+                        peer: from,
+                        fate: RefusalFate::Cancelled,
+                    });
+                }
+                if let Err(e) = result {
+                    // A cancelled share this peer can no longer take back: lost.
+                    self.bad(from, format!("receipt not acted on: {e}"));
+                    self.event(EngineEvent::Refusal {
+                        peer: from,
+                        fate: RefusalFate::Lost,
+                    });
+                }
+            }
+            Parcel::ShareCancel(cancel) => {
+                let input = SgpInput::CancelAsked {
+                    from,
+                    step: cancel.step,
+                };
+                self.machine.handle(now, input)?;
+            }
             other => {
                 // Chunks and group messages belong to the other modes.
                 self.machine.recycle(other.into_payload());
@@ -225,6 +271,10 @@ impl<P: PeerKey> SgpEngine<P> {
     /// sends exactly next time, instead of losing half its mass on every share until the
     /// membership layer notices the restart.
     fn refuse(&mut self, from: P, step: u64, error: &SgpError) {
+        if let SgpError::Cancelled { .. } = error {
+            // Its sender asked for it back before it arrived, and has taken the mass back.
+            return;
+        }
         self.bad(from, format!("share refused: {error}"));
         let &SgpError::StaleReference {
             version: reference_step,
@@ -238,7 +288,7 @@ impl<P: PeerKey> SgpEngine<P> {
         });
         self.outputs.push_back(EngineOutput::Send {
             to: from,
-            tag: REFUSAL_TAG,
+            tag: NOTICE_TAG,
             parcel: Parcel::ShareRefused(ShareRefused {
                 step,
                 reference_step,

@@ -14,10 +14,12 @@ use super::schedule::OutDegree;
 pub struct SgpConfig {
     /// Out-peers per step; each receives `1 / (d + 1)` of the peer's mass.
     pub out_degree: OutDegree,
-    /// Overlap τ: how many of its own steps a peer may run ahead of its unconfirmed shares.
+    /// Overlap τ: how many of its own steps a peer may run ahead of shares its transport has
+    /// not finished writing.
     ///
     /// Before starting local step `k`, a peer needs every share it sent at a step
-    /// `≤ k − 1 − τ` to be confirmed (delivered, returned, or timed out). With τ = 0 each
+    /// `≤ k − 1 − τ` to be written, returned, or timed out. Receipts settle a share's mass
+    /// but do not pace steps. With τ = 0 each
     /// step's share is delivered before the next step starts; with τ = 1 one step of
     /// communication overlaps one step of compute. τ bounds only the peer's *own* pipeline:
     /// a peer never waits for shares *to* it, and a share is folded in whenever it arrives,
@@ -25,8 +27,10 @@ pub struct SgpConfig {
     /// folded in at most τ + 1 of its sender's steps after it was sent (or never, if its
     /// receiver crashed).
     pub staleness: u32,
-    /// How long a sent share may stay unconfirmed before the peer stops waiting for it, in
-    /// milliseconds. A share that is returned later is still folded back in.
+    /// How long a sent share may wait for its transport to write it before the peer stops
+    /// waiting for it (a share returned later is still folded back in), and then for its
+    /// receiver's receipt before the peer asks to cancel it (again every period), in
+    /// milliseconds.
     pub share_timeout_ms: u64,
     /// How numerator shares are encoded: `f32` (exact) or a lossy codec such as `int8`.
     ///

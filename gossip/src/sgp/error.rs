@@ -60,6 +60,15 @@ pub enum SgpError {
         /// The refused share's step.
         step: u64,
     },
+    /// A share arrived after its sender cancelled it ([`SgpInput::CancelAsked`]
+    /// (super::SgpInput::CancelAsked)): the sender took its mass back, so it is dropped.
+    #[error(
+        "the share of step {step} arrived after its sender cancelled it and took its mass back; it was dropped"
+    )]
+    Cancelled {
+        /// The share's step.
+        step: u64,
+    },
     /// A share's payload did not decode.
     #[error("share payload does not decode: {0}")]
     BadPayload(String),

@@ -3,13 +3,16 @@
 use std::collections::VecDeque;
 
 use murmur_protocol::codec::{Codec, CodecSpec};
+use murmur_protocol::message::ShareOutcome;
 
 use crate::{PeerKey, Time};
 
 use super::config::SgpConfig;
 use super::error::SgpError;
+use super::ledger::{Entry, Ledger, MAX_UNACKNOWLEDGED_EXACT};
 use super::membership::MembershipView;
 use super::quantized::EdgeReferences;
+use super::receipts::Receipts;
 use super::schedule::ExponentialGraph;
 use super::share::ShareHeader;
 use super::state::PushSumState;
@@ -29,7 +32,8 @@ pub enum SgpInput<'a, P> {
         /// The numerator share, encoded as the swarm's share codec says.
         payload: &'a [u8],
     },
-    /// The transport confirmed that a share this peer sent was taken by its receiver.
+    /// The transport wrote every byte of a share this peer sent. Its receiver may still
+    /// never apply it: the share stays unsettled until a receipt says so.
     ShareDelivered {
         /// The share's receiver.
         to: P,
@@ -62,6 +66,24 @@ pub enum SgpInput<'a, P> {
         /// The refused share's step.
         step: u64,
     },
+    /// The receiver of a share this peer sent says what became of it: applied (settled), or
+    /// cancelled at this peer's request (the peer takes the mass back).
+    ReceiptReceived {
+        /// The share's receiver, as the transport authenticated it.
+        from: P,
+        /// The share's step.
+        step: u64,
+        /// What the receiver did with it.
+        outcome: ShareOutcome,
+    },
+    /// The sender of a share asks what became of it, having had no receipt; the peer answers
+    /// with [`SgpOutput::Receipt`], and never applies the share if it has not yet.
+    CancelAsked {
+        /// The share's sender, as the transport authenticated it.
+        from: P,
+        /// The share's step.
+        step: u64,
+    },
     /// The membership layer saw a new peer.
     PeerJoined(P),
     /// The membership layer saw a peer leave gracefully.
@@ -88,6 +110,23 @@ pub enum SgpOutput<P> {
         /// The numerator share.
         payload: Vec<u8>,
     },
+    /// Tell `to` what became of its share of `step` (a `ShareReceipt` message).
+    Receipt {
+        /// The share's sender.
+        to: P,
+        /// The share's step.
+        step: u64,
+        /// Applied, or cancelled for good.
+        outcome: ShareOutcome,
+    },
+    /// Ask `to` what became of this peer's share of `step`, which it has not acknowledged (a
+    /// `ShareCancel` message).
+    Cancel {
+        /// The share's receiver.
+        to: P,
+        /// The share's step.
+        step: u64,
+    },
     /// The trainer may now compute local step `step` at `z = x / w`.
     StartStep {
         /// The step to compute, counted from zero on this peer.
@@ -106,11 +145,25 @@ pub struct SgpStats {
     pub shares_received: u64,
     /// Shares given back (by the transport, or refused by their receiver), folded back in.
     pub shares_returned: u64,
-    /// Shares the peer stopped waiting for after `share_timeout_ms`.
+    /// Shares the peer stopped waiting for after `share_timeout_ms`, the transport never
+    /// having reported them.
     pub shares_timed_out: u64,
+    /// Shares whose receiver said it applied them.
+    pub shares_acknowledged: u64,
+    /// Shares taken back after their receiver promised never to apply them.
+    pub shares_cancelled: u64,
+    /// Shares given up unsettled: their receiver stayed out of the view, unasked, for
+    /// [`GIVE_UP_AFTER`] receipt deadlines. Their mass is lost, as a crashed peer's is.
+    pub shares_abandoned: u64,
+    /// Cancel requests sent.
+    pub cancels_sent: u64,
     /// Shares rejected as malformed.
     pub shares_rejected: u64,
 }
+
+/// Receipt deadlines (`share_timeout_ms` each) an unsettled share waits for a receiver out
+/// of the view before it is given up.
+pub const GIVE_UP_AFTER: u32 = 12;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
@@ -122,15 +175,6 @@ enum Phase {
     Leaving,
     /// Holds no mass and expects no confirmation.
     Departed,
-}
-
-/// A sent share not yet confirmed.
-#[derive(Debug, Clone, Copy)]
-struct InFlight<P> {
-    seq: u64,
-    to: P,
-    step: u64,
-    deadline: Time,
 }
 
 /// How much of the peer's mass a share takes.
@@ -156,9 +200,13 @@ pub struct SgpPeer<P> {
     edges: Option<EdgeReferences<P>>,
     phase: Phase,
     next_step: u64,
+    /// Hand-offs sent while leaving; each takes the step `next_step + handoffs`, so that
+    /// every share on an edge has its own step for receipts to name.
+    handoffs: u64,
     computing: bool,
     next_seq: u64,
-    in_flight: VecDeque<InFlight<P>>,
+    ledger: Ledger<P>,
+    receipts: Receipts<P>,
     outputs: VecDeque<SgpOutput<P>>,
     spare_payloads: Vec<Vec<u8>>,
     stats: SgpStats,
@@ -222,9 +270,11 @@ impl<P: PeerKey> SgpPeer<P> {
             state,
             phase: Phase::Waiting,
             next_step: 0,
+            handoffs: 0,
             computing: false,
             next_seq: 0,
-            in_flight: VecDeque::new(),
+            ledger: Ledger::new(),
+            receipts: Receipts::new(),
             outputs: VecDeque::new(),
             spare_payloads: Vec::new(),
             stats: SgpStats::default(),
@@ -279,9 +329,10 @@ impl<P: PeerKey> SgpPeer<P> {
         self.phase == Phase::Departed
     }
 
-    /// Number of sent shares not yet confirmed.
+    /// Number of sent shares not yet settled: the transport has not reported them, or their
+    /// receiver has not acknowledged them.
     pub fn shares_in_flight(&self) -> usize {
-        self.in_flight.len()
+        self.ledger.len()
     }
 
     /// Sharing counters.
@@ -296,7 +347,7 @@ impl<P: PeerKey> SgpPeer<P> {
 
     /// When the peer wants an [`SgpInput::Tick`]: the earliest share deadline.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.in_flight.iter().map(|share| share.deadline).min()
+        self.ledger.next_deadline()
     }
 
     /// Takes back a payload buffer from a sent or received share, to reuse for the next send.
@@ -321,8 +372,14 @@ impl<P: PeerKey> SgpPeer<P> {
                 SgpInput::PeerJoined(_)
                 | SgpInput::PeerLeft(_)
                 | SgpInput::PeerCrashed(_)
+                | SgpInput::ReceiptReceived { .. }
                 | SgpInput::Tick
                 | SgpInput::Leave => Ok(()),
+                // What it applied before departing still needs a true answer.
+                SgpInput::CancelAsked { from, step } => {
+                    self.answer_cancel(from, step);
+                    Ok(())
+                }
                 _ => Err(SgpError::Departed),
             };
         }
@@ -333,14 +390,23 @@ impl<P: PeerKey> SgpPeer<P> {
                 header,
                 payload,
             } => {
+                if self.receipts.is_cancelled(from, header.step) {
+                    return Err(SgpError::Cancelled { step: header.step });
+                }
                 self.absorb(from, header, payload)?;
+                self.receipts.applied(from, header.step);
+                self.outputs.push_back(SgpOutput::Receipt {
+                    to: from,
+                    step: header.step,
+                    outcome: ShareOutcome::Applied,
+                });
                 self.stats.shares_received += 1;
                 self.after_absorb(now);
             }
             SgpInput::ShareDelivered { to, seq } => {
-                self.remove_in_flight(to, seq);
-                if let Some(edges) = &mut self.edges {
-                    edges.confirm(to, seq);
+                if let Some(entry) = self.ledger.by_seq(to, seq).filter(|e| !e.written) {
+                    entry.written = true;
+                    entry.deadline = now + self.config.share_timeout();
                 }
             }
             SgpInput::ShareReturned {
@@ -349,7 +415,11 @@ impl<P: PeerKey> SgpPeer<P> {
                 payload,
                 receiver_gone,
             } => {
-                self.remove_in_flight(to, header.seq);
+                // The transport could not write every byte: the receiver cannot have applied
+                // it, so the mass comes back from the payload itself.
+                if let Some(entry) = self.ledger.remove_seq(to, header.seq) {
+                    self.recycle_kept(entry.kept);
+                }
                 self.reclaim(to, header, payload)?;
                 if receiver_gone {
                     self.forget(to);
@@ -358,21 +428,34 @@ impl<P: PeerKey> SgpPeer<P> {
                 self.after_absorb(now);
             }
             SgpInput::ShareRefused { by, step } => {
-                let edges = self.edges.as_mut().ok_or(SgpError::NotTakenBack { step })?;
-                if let Some(seq) = edges.take_back_refused(&mut self.state, by, step)? {
-                    self.remove_in_flight(by, seq);
+                match self.ledger.remove_step(by, step) {
+                    Some(entry) => self.take_back(entry)?,
+                    // Settled already (its deadline passed): the edge may still hold it.
+                    None => {
+                        let edges = self.edges.as_mut().ok_or(SgpError::NotTakenBack { step })?;
+                        edges.take_back_refused(&mut self.state, by, step)?;
+                    }
                 }
                 self.stats.shares_returned += 1;
                 self.after_absorb(now);
             }
+            SgpInput::ReceiptReceived {
+                from,
+                step,
+                outcome,
+            } => self.on_receipt(now, from, step, outcome)?,
+            SgpInput::CancelAsked { from, step } => self.answer_cancel(from, step),
             SgpInput::PeerJoined(peer) => {
                 self.view.insert(peer);
+                // Back in the view: ask about its overdue shares now.
+                self.ledger.overdue_now(peer, now);
             }
             SgpInput::PeerLeft(peer) => self.forget(peer),
             SgpInput::PeerCrashed(peer) => {
                 self.forget(peer);
-                // A crashed peer confirms nothing; shares to it come back or are lost.
-                self.in_flight.retain(|share| share.to != peer);
+                // A crashed peer acknowledges nothing: pacing stops waiting for its shares,
+                // which are taken back at their deadline unless it returns and answers.
+                self.ledger.stop_pacing_on(peer);
             }
             SgpInput::Leave => {
                 if self.phase != Phase::Leaving {
@@ -429,11 +512,18 @@ impl<P: PeerKey> SgpPeer<P> {
         }
         // Alone, a peer has nobody to hand to: its mass leaves with the swarm's last peer.
         if let Some(heir) = self.view.successor(self.me) {
-            self.send(now, heir, self.next_step, Portion::All);
+            let step = self.next_step + self.handoffs;
+            self.handoffs += 1;
+            self.send(now, heir, step, Portion::All);
         }
     }
 
     fn send(&mut self, now: Time, to: P, step: u64, portion: Portion) {
+        let exact_edge = self.edges.is_none() && matches!(portion, Portion::Fraction(_));
+        if exact_edge && self.ledger.unsettled_to(to) >= MAX_UNACKNOWLEDGED_EXACT {
+            // The receiver is behind with its receipts: keep this share's mass.
+            return;
+        }
         let mut payload = self.spare_payloads.pop().unwrap_or_default();
         let seq = self.next_seq;
         let exact = |weight| Some((weight, None, CodecSpec::F32));
@@ -452,11 +542,22 @@ impl<P: PeerKey> SgpPeer<P> {
             return;
         };
         self.next_seq += 1;
-        self.in_flight.push_back(InFlight {
+        // An exact share is taken back from a copy; a quantized edge's reference suffices.
+        let kept = (self.edges.is_none() || matches!(portion, Portion::All)).then(|| {
+            let mut kept = self.spare_payloads.pop().unwrap_or_default();
+            kept.clear();
+            kept.extend_from_slice(&payload);
+            kept
+        });
+        self.ledger.push(Entry {
             seq,
             to,
             step,
+            weight,
+            kept,
+            written: false,
             deadline: now + self.config.share_timeout(),
+            cancels: 0,
         });
         let header = ShareHeader {
             seq,
@@ -515,28 +616,102 @@ impl<P: PeerKey> SgpPeer<P> {
         }
     }
 
-    fn remove_in_flight(&mut self, to: P, seq: u64) {
-        if let Some(at) = self
-            .in_flight
-            .iter()
-            .position(|share| share.seq == seq && share.to == to)
-        {
-            self.in_flight.remove(at);
+    fn recycle_kept(&mut self, kept: Option<Vec<u8>>) {
+        if let Some(kept) = kept {
+            self.recycle(kept);
         }
     }
 
-    /// Stops waiting for shares past their deadline.
+    /// Folds an unsettled share back in: from its kept copy, or from its edge's reference.
+    fn take_back(&mut self, entry: Entry<P>) -> Result<(), SgpError> {
+        let result = match (&entry.kept, &mut self.edges) {
+            (Some(kept), _) => self.state.absorb_f32(entry.weight, kept),
+            (None, Some(edges)) => edges
+                .take_back_refused(&mut self.state, entry.to, entry.step)
+                .map(|_| ()),
+            (None, None) => Err(SgpError::NotTakenBack { step: entry.step }),
+        };
+        self.recycle_kept(entry.kept);
+        result
+    }
+
+    fn on_receipt(
+        &mut self,
+        now: Time,
+        from: P,
+        step: u64,
+        outcome: ShareOutcome,
+    ) -> Result<(), SgpError> {
+        // A receipt for nothing unsettled (a repeated answer) changes nothing.
+        let Some(entry) = self.ledger.remove_step(from, step) else {
+            return Ok(());
+        };
+        match outcome {
+            ShareOutcome::Applied => {
+                if let Some(edges) = &mut self.edges {
+                    edges.confirm(from, entry.seq);
+                }
+                self.recycle_kept(entry.kept);
+                self.stats.shares_acknowledged += 1;
+            }
+            ShareOutcome::Cancelled => {
+                self.take_back(entry)?;
+                self.stats.shares_cancelled += 1;
+                self.stats.shares_returned += 1;
+                self.after_absorb(now);
+            }
+        }
+        Ok(())
+    }
+
+    fn answer_cancel(&mut self, from: P, step: u64) {
+        let outcome = self.receipts.cancel(from, step);
+        self.outputs.push_back(SgpOutput::Receipt {
+            to: from,
+            step,
+            outcome,
+        });
+    }
+
+    /// Acts on shares past their deadline: stops waiting for a transport that never
+    /// reported; asks the receiver of an unacknowledged share to cancel it (again, every
+    /// `share_timeout_ms`). A receiver out of the view cannot be asked: a frozen or cut-off
+    /// process may still have applied the share, so it is waited for, and given up (its
+    /// mass lost, as a crashed peer's is) only after [`GIVE_UP_AFTER`] deadlines.
     fn expire(&mut self, now: Time) {
-        while let Some(at) = self
-            .in_flight
-            .iter()
-            .position(|share| share.deadline <= now)
-        {
-            if let Some(share) = self.in_flight.remove(at) {
+        let mut requeued = 0;
+        while let Some(mut entry) = self.ledger.remove_due(now) {
+            if !entry.written {
                 self.stats.shares_timed_out += 1;
                 if let Some(edges) = &mut self.edges {
-                    edges.expire(share.to, share.seq);
+                    edges.expire(entry.to, entry.seq);
                 }
+                self.recycle_kept(entry.kept);
+                continue;
+            }
+            let reachable = self.view.contains(entry.to);
+            if !reachable && entry.cancels >= GIVE_UP_AFTER {
+                self.stats.shares_abandoned += 1;
+                if let Some(edges) = &mut self.edges {
+                    edges.expire(entry.to, entry.seq);
+                }
+                self.recycle_kept(entry.kept);
+                continue;
+            }
+            entry.cancels += 1;
+            entry.deadline = now + self.config.share_timeout();
+            if reachable {
+                self.outputs.push_back(SgpOutput::Cancel {
+                    to: entry.to,
+                    step: entry.step,
+                });
+                self.stats.cancels_sent += 1;
+            }
+            self.ledger.push(entry);
+            // Re-queued entries have later deadlines; this only bounds the loop.
+            requeued += 1;
+            if requeued > self.ledger.len() {
+                break;
             }
         }
     }
@@ -547,11 +722,11 @@ impl<P: PeerKey> SgpPeer<P> {
             return;
         }
         let staleness = u64::from(self.config.staleness);
-        // Step k may start once every share from a step ≤ k − 1 − τ is confirmed.
+        // Step k may start once the transport wrote every share from a step ≤ k − 1 − τ;
+        // receipts settle mass, not pace.
         let blocked = self
-            .in_flight
-            .iter()
-            .any(|share| share.step + staleness < self.next_step);
+            .ledger
+            .unwritten_before(self.next_step.saturating_sub(staleness));
         if !blocked {
             self.computing = true;
             self.outputs.push_back(SgpOutput::StartStep {
@@ -560,8 +735,12 @@ impl<P: PeerKey> SgpPeer<P> {
         }
     }
 
+    /// A leaver departs once it holds no mass and the transport wrote every hand-off. It
+    /// does not wait for receipts: leavers hand to leavers when a swarm ends together, and
+    /// each one waiting for its heir's receipt while forwarding what its predecessor hands
+    /// it would pass the mass around until the leave bound.
     fn maybe_depart(&mut self) {
-        if self.phase == Phase::Leaving && self.in_flight.is_empty() {
+        if self.phase == Phase::Leaving && self.ledger.all_written() {
             let handed_off = self.state.weight() <= 0.0;
             let alone = self.view.successor(self.me).is_none();
             if handed_off || alone {

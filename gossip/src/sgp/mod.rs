@@ -29,22 +29,32 @@
 //! # Overlap and staleness
 //!
 //! A share is folded in the moment it arrives, whatever step its sender was at (overlap
-//! SGP). The staleness bound τ ([`SgpConfig::staleness`]) limits how far a peer's compute may
-//! run ahead of its own unconfirmed shares; it never makes a peer wait for anyone else, so
-//! a straggler slows only its own contribution.
+//! SGP). The staleness bound τ ([`SgpConfig::staleness`]) limits how far a peer's compute
+//! may run ahead of shares its transport has not yet written; it never makes a peer wait
+//! for anyone else, so a straggler slows only its own contribution.
 //!
 //! # Membership
 //!
 //! - *Join*: a joiner starts with no mass (`w = 0`) and trains once its first share has
 //!   arrived; the swarm's total mass and average are unchanged by the join.
 //! - *Graceful leave*: the leaver hands its whole `(x, w)` to its successor in rank order,
-//!   forwards whatever still arrives, and departs once every hand-off is confirmed. No mass
-//!   is lost.
+//!   forwards whatever still arrives, and departs once the transport wrote every hand-off
+//!   (not waiting for receipts, which leavers handing to each other would never settle).
+//!   No mass is lost unless a hand-off's connection dies before its heir applies it.
 //! - *Crash*: the crashed peer's mass is lost. The survivors' weights stay positive (a
 //!   peer always keeps part of its own mass) and `z = x / w` converges to the weighted
 //!   average of the mass that remains, which is still an average of the initial values.
 //! - A share its transport could not deliver is given back ([`SgpInput::ShareReturned`])
 //!   and folded in again by its sender.
+//! - *Receipts*: a share the transport wrote may still never be applied (its connection
+//!   closed with the bytes in a buffer). The receiver answers every share it applies with a
+//!   receipt ([`SgpOutput::Receipt`]); the sender keeps what it needs to take the share
+//!   back until then. Without a receipt within `share_timeout_ms` it asks to cancel the
+//!   share ([`SgpOutput::Cancel`]): the receiver answers "applied", or promises never to
+//!   apply it, and only then is the mass taken back. A receiver out of the view is asked
+//!   once it is back; one that stays away for [`GIVE_UP_AFTER`] deadlines is given up, the
+//!   share's mass lost as a crashed peer's is. So a share's mass is counted at most once,
+//!   by its receiver or by its sender.
 //! - *Restart*: a peer that restarts under the same identity has lost its edge references,
 //!   while its neighbours may not have noticed yet. It refuses their quantized shares
 //!   ([`SgpError::StaleReference`]) and tells each sender, who takes the share back
@@ -57,16 +67,18 @@
 
 mod config;
 mod error;
+mod ledger;
 mod machine;
 mod membership;
 mod quantized;
+mod receipts;
 mod schedule;
 mod share;
 mod state;
 
 pub use config::SgpConfig;
 pub use error::SgpError;
-pub use machine::{SgpInput, SgpOutput, SgpPeer, SgpStats};
+pub use machine::{GIVE_UP_AFTER, SgpInput, SgpOutput, SgpPeer, SgpStats};
 pub use membership::MembershipView;
 pub use schedule::{ExponentialGraph, OutDegree};
 pub use share::ShareHeader;

@@ -13,8 +13,9 @@
 //!
 //! The first share on an edge, and the first after the edge was forgotten, is sent exactly
 //! (`f32`) and sets the reference to `s / w_s`. An edge carries at most one unconfirmed
-//! share; a share due on an edge still waiting is skipped (the peer keeps that mass), so
-//! that a returned share can always be taken back exactly. A receiver whose reference does
+//! share (confirmed by its receiver's receipt); a share due on an edge still waiting is
+//! skipped (the peer keeps that mass), so that a returned or cancelled share can always be
+//! taken back exactly. A receiver whose reference does
 //! not match a share rejects it with [`SgpError::StaleReference`] and tells its sender
 //! (a `ShareRefused` message, or the transport hands the share back before confirming
 //! it); the sender takes the share back and forgets the edge. A refusal can come after

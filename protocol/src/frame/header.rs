@@ -32,11 +32,16 @@ pub enum FrameKind {
     /// [`ShareRefused`](crate::message::ShareRefused): a push-sum share its receiver could
     /// not use, for its sender to take back.
     ShareRefused = 12,
+    /// [`ShareReceipt`](crate::message::ShareReceipt): whether a push-sum share was applied.
+    ShareReceipt = 13,
+    /// [`ShareCancel`](crate::message::ShareCancel): asks what became of an unacknowledged
+    /// push-sum share.
+    ShareCancel = 14,
 }
 
 impl FrameKind {
     /// Every kind, in byte order.
-    pub const ALL: [FrameKind; 12] = [
+    pub const ALL: [FrameKind; 14] = [
         FrameKind::AuthHello,
         FrameKind::Heartbeat,
         FrameKind::JoinGroup,
@@ -49,6 +54,8 @@ impl FrameKind {
         FrameKind::StateSyncResponse,
         FrameKind::Reject,
         FrameKind::ShareRefused,
+        FrameKind::ShareReceipt,
+        FrameKind::ShareCancel,
     ];
 
     /// The kind with this byte value, if any.
@@ -78,6 +85,8 @@ impl FrameKind {
             FrameKind::StateSyncResponse => "state_sync_response",
             FrameKind::Reject => "reject",
             FrameKind::ShareRefused => "share_refused",
+            FrameKind::ShareReceipt => "share_receipt",
+            FrameKind::ShareCancel => "share_cancel",
         }
     }
 }

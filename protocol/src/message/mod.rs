@@ -20,7 +20,7 @@
 //! | [`Heartbeat`] ([`HeartbeatBody`]) | membership gossip |
 //! | [`JoinGroup`], [`GroupBegin`], [`GroupReject`] | butterfly matchmaking |
 //! | [`TensorPartChunk`], [`AveragedChunk`] | butterfly all-reduce |
-//! | [`PushSumShare`], [`ShareRefused`] | SGP |
+//! | [`PushSumShare`], [`ShareRefused`], [`ShareReceipt`], [`ShareCancel`] | SGP |
 //! | [`StateSyncRequest`], [`StateSyncResponse`] | a joining peer fetching the model state |
 //! | [`Reject`] | refusing or closing a stream, with a reason |
 
@@ -31,6 +31,7 @@ mod group;
 mod heartbeat;
 mod push_sum;
 mod reject;
+mod share_receipt;
 mod state_sync;
 mod tensor;
 
@@ -45,6 +46,7 @@ pub use heartbeat::{
 };
 pub use push_sum::{PushSumShare, ShareRefused};
 pub use reject::{MAX_REJECT_TEXT_LEN, Reject, RejectCode};
+pub use share_receipt::{ShareCancel, ShareOutcome, ShareReceipt};
 pub use state_sync::{StateSyncRequest, StateSyncResponse};
 pub use tensor::{AveragedChunk, ChunkAddress, TensorPartChunk};
 
@@ -107,6 +109,10 @@ pub enum Message<'a> {
     Reject(Reject<'a>),
     /// See [`ShareRefused`].
     ShareRefused(ShareRefused),
+    /// See [`ShareReceipt`].
+    ShareReceipt(ShareReceipt),
+    /// See [`ShareCancel`].
+    ShareCancel(ShareCancel),
 }
 
 /// Calls `$body` with `$m` bound to the message inside whichever variant `$message` is.
@@ -125,6 +131,8 @@ macro_rules! each_variant {
             Message::StateSyncResponse($m) => $body,
             Message::Reject($m) => $body,
             Message::ShareRefused($m) => $body,
+            Message::ShareReceipt($m) => $body,
+            Message::ShareCancel($m) => $body,
         }
     };
 }
@@ -200,6 +208,8 @@ impl<'a> Message<'a> {
             }
             FrameKind::Reject => Message::Reject(Reject::decode(payload)?),
             FrameKind::ShareRefused => Message::ShareRefused(ShareRefused::decode(payload)?),
+            FrameKind::ShareReceipt => Message::ShareReceipt(ShareReceipt::decode(payload)?),
+            FrameKind::ShareCancel => Message::ShareCancel(ShareCancel::decode(payload)?),
         })
     }
 
@@ -235,4 +245,6 @@ into_message!(
     StateSyncResponse<'a>,
     Reject<'a>,
     ShareRefused,
+    ShareReceipt,
+    ShareCancel,
 );

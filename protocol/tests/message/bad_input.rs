@@ -7,8 +7,8 @@ use murmur_protocol::message::{
     AuthHello, AveragedChunk, AveragingMode, ChunkAddress, GroupBegin, GroupMember, GroupReject,
     GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_GROUP_MEMBERS,
     MAX_HEARTBEAT_ENVELOPE_LEN, MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, MAX_REJECT_TEXT_LEN,
-    Message, MessageError, PushSumShare, Reject, RejectCode, ShareRefused, StateSyncRequest,
-    TensorPartChunk, WireMessage,
+    Message, MessageError, PushSumShare, Reject, RejectCode, ShareCancel, ShareOutcome,
+    ShareReceipt, ShareRefused, StateSyncRequest, TensorPartChunk, WireMessage,
 };
 
 use super::allocation_counter::allocations_during;
@@ -60,7 +60,11 @@ fn trailing_bytes_are_rejected() {
         step: 9,
         reference_step: 4,
     };
-    let cases: [(FrameKind, Vec<u8>); 8] = [
+    let receipt = ShareReceipt {
+        step: 9,
+        outcome: ShareOutcome::Cancelled,
+    };
+    let cases: [(FrameKind, Vec<u8>); 10] = [
         (FrameKind::JoinGroup, payload_of(&join)),
         (FrameKind::AuthHello, payload_of(&hello)),
         (
@@ -74,6 +78,8 @@ fn trailing_bytes_are_rejected() {
         (FrameKind::GroupReject, payload_of(&group_reject)),
         (FrameKind::GroupBegin, payload_of(&begin)),
         (FrameKind::ShareRefused, payload_of(&refused)),
+        (FrameKind::ShareReceipt, payload_of(&receipt)),
+        (FrameKind::ShareCancel, payload_of(&ShareCancel { step: 9 })),
     ];
     for (kind, payload) in cases {
         assert!(Message::decode(kind, &payload).is_ok());
@@ -298,6 +304,21 @@ fn undefined_enum_values_are_rejected() {
             value: 5
         })
     );
+
+    for value in [0, 3, 255] {
+        let mut receipt = payload_of(&ShareReceipt {
+            step: 1,
+            outcome: ShareOutcome::Applied,
+        });
+        receipt[8] = value;
+        assert_eq!(
+            ShareReceipt::decode(&receipt),
+            Err(MessageError::InvalidEnum {
+                field: "outcome",
+                value
+            })
+        );
+    }
 
     let body = HeartbeatBody {
         step: 0,

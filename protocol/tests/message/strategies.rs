@@ -7,8 +7,8 @@ use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::{
     AuthHello, AveragedChunk, AveragingMode, ChunkAddress, GroupBegin, GroupMember, GroupReject,
     GroupRejectReason, Heartbeat, HeartbeatBody, JoinGroup, MAX_HEARTBEAT_ENVELOPE_LEN,
-    MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, Message, PushSumShare, Reject, RejectCode, ShareRefused,
-    StateSyncRequest, StateSyncResponse, TensorPartChunk,
+    MAX_HELLO_INVITE_LEN, MAX_PEER_ID_LEN, Message, PushSumShare, Reject, RejectCode, ShareCancel,
+    ShareOutcome, ShareReceipt, ShareRefused, StateSyncRequest, StateSyncResponse, TensorPartChunk,
 };
 use proptest::prelude::*;
 
@@ -230,6 +230,14 @@ fn share_refused() -> impl Strategy<Value = ShareRefused> {
     })
 }
 
+fn share_receipt() -> impl Strategy<Value = ShareReceipt> {
+    (
+        any::<u64>(),
+        proptest::sample::select(ShareOutcome::ALL.to_vec()),
+    )
+        .prop_map(|(step, outcome)| ShareReceipt { step, outcome })
+}
+
 fn state_sync_request() -> impl Strategy<Value = StateSyncRequest> {
     (any::<u64>(), 1u32.., any::<[u8; 32]>()).prop_map(
         |(from_offset, max_bytes, expected_digest)| StateSyncRequest {
@@ -287,5 +295,7 @@ pub(crate) fn message() -> impl Strategy<Value = Message<'static>> {
         state_sync_response().prop_map(Message::from),
         reject().prop_map(Message::from),
         share_refused().prop_map(Message::from),
+        share_receipt().prop_map(Message::from),
+        any::<u64>().prop_map(|step| Message::from(ShareCancel { step })),
     ]
 }

@@ -3,6 +3,8 @@
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
+use murmur_protocol::message::{ShareCancel, ShareReceipt};
+
 use crate::Time;
 use crate::sgp::{MembershipView, SgpConfig, SgpInput, SgpOutput, SgpPeer};
 
@@ -123,6 +125,9 @@ pub struct SgpSwarm {
     slots: Vec<Option<Message>>,
     free_slots: Vec<u32>,
     outputs: Vec<SgpOutput<u32>>,
+    /// While a peer handles a share or a cancel request: the incarnation of the process
+    /// that sent it, which its receipt is for.
+    answering: Option<u32>,
     now: Time,
     round_nanos: u64,
     initial_average: Vec<f64>,
@@ -186,6 +191,7 @@ impl SgpSwarm {
             slots: Vec::new(),
             free_slots: Vec::new(),
             outputs: Vec::new(),
+            answering: None,
             now: Time::ZERO,
             round_nanos: scenario.round_nanos(),
             initial_average,
@@ -480,6 +486,17 @@ impl SgpSwarm {
                         receiver_gone: false,
                     };
                     self.post(id, to, incarnation, body);
+                }
+                SgpOutput::Receipt { to, step, outcome } => {
+                    let Some(incarnation) = self.answering.or_else(|| self.incarnation(to)) else {
+                        continue;
+                    };
+                    let body = Body::Receipt(ShareReceipt { step, outcome });
+                    self.post(id, to, incarnation, body);
+                }
+                SgpOutput::Cancel { to, step } => {
+                    let incarnation = self.peers[id as usize].incarnation;
+                    self.post(id, to, incarnation, Body::Cancel(ShareCancel { step }));
                 }
                 SgpOutput::StartStep { .. } => self.start_step(id)?,
                 SgpOutput::Departed => {

@@ -7,10 +7,14 @@
 //! answers with a [`ShareRefused`] notice, which crosses the links like any message; the
 //! sender then takes the share back ([`SgpInput::ShareRefused`]). A share whose receiver is
 //! gone comes back from the transport itself ([`SgpInput::ShareReturned`]).
+//!
+//! Receipts and cancel requests ([`ShareReceipt`], [`ShareCancel`]) cross the links too. A
+//! notice is meant for one process: one addressed to a peer that restarted since is
+//! dropped, as its connection would be.
 
 use std::time::Duration;
 
-use murmur_protocol::message::{ShareRefused, WireMessage};
+use murmur_protocol::message::{ShareCancel, ShareReceipt, ShareRefused, WireMessage};
 
 use crate::Time;
 use crate::sgp::{SgpError, SgpInput, ShareHeader};
@@ -60,6 +64,10 @@ pub(super) enum Body {
         /// what it sent); the simulator keeps it to account for the mass on its way back.
         weight: f64,
     },
+    /// What became of a share, for its sender (`Route::incarnation` is the sender's).
+    Receipt(ShareReceipt),
+    /// A sender asks what became of its share (`Route::incarnation` is the sender's).
+    Cancel(ShareCancel),
 }
 
 impl Message {
@@ -68,6 +76,7 @@ impl Message {
         match self.body {
             Body::Share { header, .. } => header.weight,
             Body::Refusal { weight, .. } => weight,
+            Body::Receipt(_) | Body::Cancel(_) => 0.0,
         }
     }
 }
@@ -78,6 +87,8 @@ impl Body {
         match self {
             Body::Share { payload, .. } => payload.len(),
             Body::Refusal { notice, .. } => WireMessage::encoded_len(notice),
+            Body::Receipt(notice) => WireMessage::encoded_len(notice),
+            Body::Cancel(notice) => WireMessage::encoded_len(notice),
         }
     }
 }
@@ -136,6 +147,30 @@ impl SgpSwarm {
             Body::Refusal { notice, weight } => {
                 self.free_slots.push(slot);
                 self.on_refusal(route, notice, weight)
+            }
+            Body::Receipt(receipt) => {
+                self.free_slots.push(slot);
+                if self.incarnation(route.to) != Some(route.incarnation) {
+                    return Ok(());
+                }
+                let input = SgpInput::ReceiptReceived {
+                    from: route.from,
+                    step: receipt.step,
+                    outcome: receipt.outcome,
+                };
+                self.feed(route.to, input)
+            }
+            Body::Cancel(cancel) => {
+                self.free_slots.push(slot);
+                let input = SgpInput::CancelAsked {
+                    from: route.from,
+                    step: cancel.step,
+                };
+                // The answer goes to the process that asked.
+                self.answering = Some(route.incarnation);
+                let fed = self.feed(route.to, input);
+                self.answering = None;
+                fed
             }
         }
     }
@@ -214,7 +249,11 @@ impl SgpSwarm {
             self.refusals.refused += 1;
             self.post(to, from, route.incarnation, refusal);
         }
-        self.pump(to)?;
+        // The receipt goes to the process that sent the share.
+        self.answering = Some(route.incarnation);
+        let pumped = self.pump(to);
+        self.answering = None;
+        pumped?;
         let at = self.now + self.network.latency();
         let delivered = Event::Delivered {
             from,

@@ -1,0 +1,99 @@
+//! Receipts between real `murmur run` processes: an SGP share whose bytes the transport
+//! wrote, but which its receiver never applied because the connection died first, comes
+//! back to its sender, and the two peers' push-sum weights still sum to 1: the founder's
+//! weight (a joiner brings none).
+//!
+//! The receiver is frozen (SIGSTOP) while its neighbour trains. The neighbour's next share
+//! (6.4 MB of exact `f32`, within QUIC's flow-control window, far beyond a UDP socket's
+//! buffer) is written into its connection, which its neighbour then closes as silent: the
+//! bytes never reach the frozen process. Counted as delivered when written, that share's
+//! mass would be lost; with receipts the sender takes it back.
+
+mod run_support;
+
+use std::time::Duration;
+
+use run_support::{PeerSettings, RunningPeer, Swarm, exclusive};
+
+/// How long the peers may take to start, meet and share.
+const PATIENCE: Duration = Duration::from_secs(180);
+/// How long the receiver stays frozen: past the sender's silence bound (1.6 heartbeat
+/// intervals) and its receipt deadline (`share_timeout_ms`).
+const FROZEN: Duration = Duration::from_secs(6);
+/// How long both wait paused for the last shares to settle: a receipt deadline, a cancel
+/// round trip, and two progress lines.
+const SETTLE: Duration = Duration::from_secs(6);
+
+fn settings(bootstrap: Vec<String>) -> PeerSettings {
+    PeerSettings {
+        bootstrap,
+        codec: Some("f32".to_owned()),
+        // 1.6M parameters: a 6.4 MB share.
+        model_width: Some(256),
+        eval_every_steps: 1_000,
+        ..PeerSettings::default()
+    }
+}
+
+/// The peer's push-sum weight in its newest progress line.
+fn weight(peer: &RunningPeer) -> f64 {
+    peer.last_progress()
+        .unwrap_or_else(|| peer.fail("no progress line"))
+        .f64("push_sum_weight")
+}
+
+fn shares_received(peer: &RunningPeer) -> u64 {
+    peer.last_progress().map_or(0, |l| l.u64("shares_received"))
+}
+
+#[test]
+fn a_share_written_into_a_connection_that_died_before_it_was_applied_loses_no_mass() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let first = swarm.add_peer("sender");
+    first.write_config(&settings(Vec::new()));
+    let mut sender = first.start();
+    let address = sender.ready().json["listen"][0]
+        .as_str()
+        .expect("a listen address")
+        .to_owned();
+    let second = swarm.add_peer("receiver");
+    second.write_config(&settings(vec![address]));
+    let mut receiver = second.start();
+    receiver.ready();
+    for peer in [&mut sender, &mut receiver] {
+        peer.wait_for("shares from its neighbour", PATIENCE, |l| {
+            l.is("progress") && l.u64("shares_received") >= 3
+        });
+    }
+
+    receiver.signal("STOP");
+    std::thread::sleep(FROZEN);
+    receiver.signal("CONT");
+    let (before_s, before_r) = (shares_received(&sender), shares_received(&receiver));
+    sender.wait_for("shares again after the thaw", PATIENCE, |l| {
+        l.is("progress") && l.u64("shares_received") >= before_s + 3
+    });
+    receiver.wait_for("shares again after the thaw", PATIENCE, |l| {
+        l.is("progress") && l.u64("shares_received") >= before_r + 3
+    });
+
+    for peer in [&sender, &receiver] {
+        peer.signal("USR1");
+    }
+    std::thread::sleep(SETTLE);
+    for peer in [&mut sender, &mut receiver] {
+        peer.drain();
+    }
+    let total = weight(&sender) + weight(&receiver);
+    // The path under test was taken: a written share was never applied, and came back.
+    let log = sender.log_once("a share taken back after asking", SETTLE, |log| {
+        log.contains("a share its receiver never applied, taken back")
+    });
+    assert!(
+        (total - 1.0).abs() < 1e-6,
+        "the weights sum to {total} ({} + {}), not 1: mass was lost or made\nsender's log:\n{log}",
+        weight(&sender),
+        weight(&receiver)
+    );
+}
