@@ -15,11 +15,14 @@
 //! those of the [`CORRUPT_KEPT`] latest steps stay; older ones are removed, so that a disk
 //! that damages every write does not fill up with them.
 
+use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::SystemTime;
 
 use murmur_protocol::snapshot::{Snapshot, SnapshotError, SnapshotLimits};
 use thiserror::Error;
@@ -152,6 +155,29 @@ pub(crate) struct CheckpointStore {
     dir: PathBuf,
     keep: usize,
     limits: SnapshotLimits,
+    /// Files this store wrote, or read whole and found valid, as they looked then: pruning
+    /// counts a file whose stamp is unchanged as valid without reading it again.
+    known_valid: Mutex<HashMap<PathBuf, Stamp>>,
+    /// Files read whole and checked, for tests.
+    reads: AtomicU64,
+}
+
+/// What a file looked like when it was known valid: its length and modification time. A
+/// file rewritten since (corrupted, truncated, replaced) has another stamp and is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: SystemTime,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Stamp> {
+        let meta = fs::metadata(path).ok()?;
+        Some(Stamp {
+            len: meta.len(),
+            modified: meta.modified().ok()?,
+        })
+    }
 }
 
 impl CheckpointStore {
@@ -167,6 +193,8 @@ impl CheckpointStore {
             dir,
             keep: keep.max(1),
             limits: SnapshotLimits::default(),
+            known_valid: Mutex::new(HashMap::new()),
+            reads: AtomicU64::new(0),
         })
     }
 
@@ -213,6 +241,7 @@ impl CheckpointStore {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(io("sync folder", &self.dir))?;
+        self.note_valid(&path);
         let set_aside = self.prune(&path)?;
         Ok(Written { path, set_aside })
     }
@@ -263,8 +292,37 @@ impl CheckpointStore {
 
     /// Reads and checks the checkpoint at `path`; the reason it cannot be used otherwise.
     fn check(&self, path: &Path) -> Result<Snapshot, String> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        let stamp = Stamp::of(path);
         let bytes = fs::read(path).map_err(|e| e.to_string())?;
-        Snapshot::decode(&bytes, &self.limits).map_err(|e| e.to_string())
+        let snapshot = Snapshot::decode(&bytes, &self.limits).map_err(|e| e.to_string())?;
+        // The stamp from before the read: a file changed meanwhile is read again next time.
+        if let Some(stamp) = stamp {
+            self.known().insert(path.to_owned(), stamp);
+        }
+        Ok(snapshot)
+    }
+
+    /// Whether `path` is known valid and unchanged since; otherwise it is read and checked.
+    fn check_unless_known(&self, path: &Path) -> Result<(), String> {
+        let known = self.known().get(path).copied();
+        if known.is_some() && known == Stamp::of(path) {
+            return Ok(());
+        }
+        self.check(path).map(drop)
+    }
+
+    fn note_valid(&self, path: &Path) {
+        if let Some(stamp) = Stamp::of(path) {
+            self.known().insert(path.to_owned(), stamp);
+        }
+    }
+
+    fn known(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Stamp>> {
+        // The map holds plain data: a panic elsewhere cannot leave it half-updated.
+        self.known_valid
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The newest checkpoint that decodes and passes its checks, with the newer ones that
@@ -312,8 +370,9 @@ impl CheckpointStore {
     }
 
     /// Keeps `written` and the newest valid files up to `keep` in all, moving corrupt ones
-    /// aside and removing the rest. Files of later steps than `written` are read, then the
-    /// older ones until enough valid ones are counted; the rest are removed unread.
+    /// aside and removing the rest. Files of later steps than `written` are checked, then
+    /// the older ones until enough valid ones are counted; the rest are removed unread. A
+    /// file this store wrote or checked before, unchanged since, is not read again.
     fn prune(&self, written: &Path) -> Result<Vec<SetAside>, CheckpointError> {
         let written = written.to_owned();
         let mut valid = 1;
@@ -325,12 +384,16 @@ impl CheckpointStore {
             // A file of a later step than the one written is never removed unread: it is
             // either valid (and kept) or corrupt (and moved aside).
             if valid < self.keep || path > written {
-                match self.check(&path) {
-                    Ok(_) => valid += 1,
-                    Err(reason) => set_aside.push(self.set_aside(&path, &reason)?),
+                match self.check_unless_known(&path) {
+                    Ok(()) => valid += 1,
+                    Err(reason) => {
+                        self.known().remove(&path);
+                        set_aside.push(self.set_aside(&path, &reason)?);
+                    }
                 }
                 continue;
             }
+            self.known().remove(&path);
             fs::remove_file(&path).map_err(|source| CheckpointError::Io {
                 action: "remove old",
                 path: path.clone(),
@@ -540,6 +603,38 @@ mod tests {
         assert_eq!(torn.cut(20, &bytes), Some(&bytes[..3]));
         let whole = Fault::CrashBeforeRename { step: 20 };
         assert_eq!(whole.cut(30, &bytes), Some(&bytes[..]));
+    }
+
+    #[test]
+    fn pruning_reads_no_file_it_wrote_or_checked_unless_it_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        let reads = || store.reads.load(Ordering::Relaxed);
+        let mut written = Vec::new();
+        for step in 1..=6 {
+            written.push(store.write(&snapshot(step)).unwrap().path);
+        }
+        assert_eq!(reads(), 0, "every kept file was written by this store");
+        assert_eq!(store.list().unwrap(), written[3..]);
+        assert_eq!(store.known().len(), 3, "removed files are forgotten");
+
+        // Rewritten in place (another length and time): read again, found corrupt, moved
+        // aside; the next older valid file is kept instead, without a read.
+        plant_corrupt(dir.path(), 5);
+        let next = store.write(&snapshot(7)).unwrap();
+        assert_eq!(reads(), 1);
+        assert_eq!(next.set_aside.len(), 1);
+        assert_eq!(
+            store.list().unwrap(),
+            [written[3].clone(), written[5].clone(), next.path.clone()]
+        );
+
+        // A store opened anew reads each file once, then knows it.
+        let reopened = CheckpointStore::open(dir.path(), 3).unwrap();
+        assert_eq!(reopened.latest_valid().unwrap().found.unwrap().1.step, 7);
+        reopened.write(&snapshot(8)).unwrap();
+        reopened.write(&snapshot(9)).unwrap();
+        assert_eq!(reopened.reads.load(Ordering::Relaxed), 1 + 1);
     }
 
     /// A file with a checkpoint's name that fails its check.
