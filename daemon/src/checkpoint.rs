@@ -9,8 +9,11 @@
 //!
 //! Retention (`checkpoint.keep`) counts valid checkpoints only. After a write, the file
 //! just written always stays; files of later steps (left by an earlier run) are always
-//! checked, and older files newest first until `keep` valid ones are counted, and each one that fails its check is moved aside to `<name>.corrupt` (kept
-//! for inspection, never loaded, never counted) rather than standing in for a valid one.
+//! checked, and older files newest first until `keep` valid ones are counted, and each one
+//! that fails its check is moved aside to `<name>.corrupt` (kept for inspection, never
+//! loaded, never counted) rather than standing in for a valid one. A file this store wrote
+//! or checked before counts without being read again while its length and modification
+//! time are unchanged.
 //! Files older than the `keep` newest valid ones are removed. Of the files moved aside,
 //! those of the [`CORRUPT_KEPT`] latest steps stay; older ones are removed, so that a disk
 //! that damages every write does not fill up with them.
