@@ -1,0 +1,180 @@
+//! Stale and replayed heartbeats against a real `murmur run` peer: a member run by this test
+//! (an in-process network with an invite from the swarm's authority) publishes fresh
+//! heartbeats until the peer accepts one, then one 65 s old, one 65 s ahead, and one with
+//! the fresh one's timestamp (a replay). The peer refuses the three and counts them by
+//! reason, and still accepts a fresh heartbeat after them.
+
+mod run_support;
+#[path = "support/swarm.rs"]
+mod swarm;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use murmur_gossip::net::{self, NetConfig, NetHandle, NetIdentity};
+use murmur_protocol::identity::{Invite, Keypair, SwarmId};
+use murmur_protocol::message::{AveragingMode, HeartbeatBody};
+use run_support::{PeerSettings, SWARM_ID, Swarm, exclusive};
+use swarm::http_get;
+
+/// The peer's `net.max_heartbeat_age_ms` (the default).
+const MAX_AGE_MS: u64 = 60_000;
+/// How long the peer may take to accept a heartbeat (the gossip mesh forms first).
+const HEARD_WITHIN: Duration = Duration::from_secs(30);
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn body(step: u64, timestamp_ms: u64) -> HeartbeatBody {
+    HeartbeatBody {
+        step,
+        timestamp_ms,
+        samples_per_s: 10.0,
+        upload_bytes_per_s: 1_000_000,
+        download_bytes_per_s: 1_000_000,
+        mode: AveragingMode::Sgp,
+        samples_accumulated: 0,
+        looking_round: 0,
+        looking_until_ms: 0,
+    }
+}
+
+fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The peer's heartbeats accepted, and refused as stale and as replayed.
+fn counters(addr: SocketAddr) -> [f64; 3] {
+    let page = match http_get(addr, "/metrics") {
+        Ok((200, body)) => body,
+        other => panic!("GET /metrics: {other:?}"),
+    };
+    [
+        "murmur_net_heartbeats_received_total",
+        "murmur_net_heartbeats_refused_total{reason=\"stale\"}",
+        "murmur_net_heartbeats_refused_total{reason=\"replayed\"}",
+    ]
+    .map(|series| metric(&page, series))
+}
+
+/// Publishes `body` from `member`, retried while no gossip peer takes it (at most 10 s).
+fn publish(runtime: &tokio::runtime::Runtime, member: &NetHandle, body: &HeartbeatBody) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runtime.block_on(member.publish_heartbeat(body)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "the heartbeat was never published"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Waits until the peer has accepted more than `than` heartbeats; the counters then.
+fn accepted_more(addr: SocketAddr, than: f64, within: Duration, what: &str) -> [f64; 3] {
+    let deadline = Instant::now() + within;
+    loop {
+        let now = counters(addr);
+        if now[0] > than {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "{what}: counters {now:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn stale_future_and_replayed_heartbeats_are_refused_and_counted_by_a_running_peer() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let dir = swarm.add_peer("victim");
+    dir.write_config(&PeerSettings {
+        metrics: true,
+        ..PeerSettings::default()
+    });
+    let mut peer = dir.start();
+    let ready = peer.ready();
+    let metrics: SocketAddr = ready
+        .str("metrics_addr")
+        .parse()
+        .expect("a metrics address");
+    let listen = ready.json["listen"][0]
+        .as_str()
+        .expect("a listen address")
+        .to_owned();
+
+    // A member of the same swarm, invited by its authority, in this process.
+    let authority = Keypair::load_file(swarm.root().join("authority.key")).expect("the key");
+    let identity = NetIdentity::from_seed([77; 32]);
+    let now_s = wall_ms() / 1000;
+    let invite = Invite::issue(
+        &authority,
+        &identity.peer_id(),
+        &SwarmId::new(SWARM_ID).expect("a swarm id"),
+        now_s - 60,
+        now_s + 3600,
+    )
+    .expect("an invite")
+    .encode();
+    let config = NetConfig {
+        swarm_id: SWARM_ID.to_owned(),
+        authority: dir.authority().to_owned(),
+        invite,
+        listen_addrs: vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_owned()],
+        gossip_mesh_interval_ms: 200,
+        ..NetConfig::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (member, _inbound) = runtime
+        .block_on(net::spawn(&config, identity))
+        .expect("the member's network starts");
+    runtime
+        .block_on(member.dial(listen.parse().expect("a multiaddr")))
+        .expect("dial starts");
+
+    // Fresh heartbeats until the peer accepts one of the member's.
+    let before = counters(metrics);
+    let first_ts = wall_ms();
+    let deadline = Instant::now() + HEARD_WITHIN;
+    let mut step = 1;
+    let accepted = loop {
+        publish(&runtime, &member, &body(step, first_ts + step));
+        let now = counters(metrics);
+        if now[0] > before[0] {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "no heartbeat accepted: {now:?}");
+        step += 1;
+        std::thread::sleep(Duration::from_millis(100));
+    };
+
+    let now = wall_ms();
+    publish(&runtime, &member, &body(1_000, now - MAX_AGE_MS - 5_000));
+    publish(&runtime, &member, &body(1_001, now + MAX_AGE_MS + 5_000));
+    // Not after the last accepted timestamp (at most `first_ts + step`).
+    publish(&runtime, &member, &body(1_002, first_ts));
+    publish(&runtime, &member, &body(1_003, wall_ms() + 1_000));
+    let after = accepted_more(
+        metrics,
+        accepted[0],
+        Duration::from_secs(10),
+        "the fresh heartbeat after the refused ones",
+    );
+    assert_eq!(
+        after[1] - accepted[1],
+        2.0,
+        "the old and the far-future one: {after:?}"
+    );
+    assert_eq!(after[2] - accepted[2], 1.0, "the replay: {after:?}");
+    runtime
+        .block_on(member.shutdown())
+        .expect("the member shuts down");
+}
