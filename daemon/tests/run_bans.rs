@@ -11,8 +11,8 @@ mod swarm;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use run_support::{PeerSettings, Swarm, exclusive};
-use swarm::http_get;
+use run_support::{PeerSettings, Swarm};
+use swarm::{exclusive, http_get};
 
 /// How long the outsider may take to be refused three times: three redials 5 s apart, and
 /// the time to start.

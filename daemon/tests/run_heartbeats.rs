@@ -4,29 +4,24 @@
 //! the fresh one's timestamp (a replay). The peer refuses the three and counts them by
 //! reason, and still accepts a fresh heartbeat after them.
 
+#[path = "support/member.rs"]
+mod member;
 mod run_support;
 #[path = "support/swarm.rs"]
 mod swarm;
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use murmur_gossip::net::{self, NetConfig, NetHandle, NetIdentity};
-use murmur_protocol::identity::{Invite, Keypair, SwarmId};
+use member::{Member, wall_ms};
 use murmur_protocol::message::{AveragingMode, HeartbeatBody};
-use run_support::{PeerSettings, SWARM_ID, Swarm, exclusive};
-use swarm::http_get;
+use run_support::{PeerSettings, Swarm};
+use swarm::{exclusive, http_get};
 
 /// The peer's `net.max_heartbeat_age_ms` (the default).
 const MAX_AGE_MS: u64 = 60_000;
 /// How long the peer may take to accept a heartbeat (the gossip mesh forms first).
 const HEARD_WITHIN: Duration = Duration::from_secs(30);
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 fn body(step: u64, timestamp_ms: u64) -> HeartbeatBody {
     HeartbeatBody {
@@ -63,9 +58,13 @@ fn counters(addr: SocketAddr) -> [f64; 3] {
 }
 
 /// Publishes `body` from `member`, retried while no gossip peer takes it (at most 10 s).
-fn publish(runtime: &tokio::runtime::Runtime, member: &NetHandle, body: &HeartbeatBody) {
+fn publish(member: &Member, body: &HeartbeatBody) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while runtime.block_on(member.publish_heartbeat(body)).is_err() {
+    while member
+        .runtime
+        .block_on(member.handle.publish_heartbeat(body))
+        .is_err()
+    {
         assert!(
             Instant::now() < deadline,
             "the heartbeat was never published"
@@ -108,37 +107,7 @@ fn stale_future_and_replayed_heartbeats_are_refused_and_counted_by_a_running_pee
         .to_owned();
 
     // A member of the same swarm, invited by its authority, in this process.
-    let authority = Keypair::load_file(swarm.root().join("authority.key")).expect("the key");
-    let identity = NetIdentity::from_seed([77; 32]);
-    let now_s = wall_ms() / 1000;
-    let invite = Invite::issue(
-        &authority,
-        &identity.peer_id(),
-        &SwarmId::new(SWARM_ID).expect("a swarm id"),
-        now_s - 60,
-        now_s + 3600,
-    )
-    .expect("an invite")
-    .encode();
-    let config = NetConfig {
-        swarm_id: SWARM_ID.to_owned(),
-        authority: dir.authority().to_owned(),
-        invite,
-        listen_addrs: vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_owned()],
-        gossip_mesh_interval_ms: 200,
-        ..NetConfig::default()
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    let (member, _inbound) = runtime
-        .block_on(net::spawn(&config, identity))
-        .expect("the member's network starts");
-    runtime
-        .block_on(member.dial(listen.parse().expect("a multiaddr")))
-        .expect("dial starts");
+    let member = Member::join(&swarm, &dir, 77, &listen);
 
     // Fresh heartbeats until the peer accepts one of the member's.
     let before = counters(metrics);
@@ -146,7 +115,7 @@ fn stale_future_and_replayed_heartbeats_are_refused_and_counted_by_a_running_pee
     let deadline = Instant::now() + HEARD_WITHIN;
     let mut step = 1;
     let accepted = loop {
-        publish(&runtime, &member, &body(step, first_ts + step));
+        publish(&member, &body(step, first_ts + step));
         let now = counters(metrics);
         if now[0] > before[0] {
             break now;
@@ -157,11 +126,11 @@ fn stale_future_and_replayed_heartbeats_are_refused_and_counted_by_a_running_pee
     };
 
     let now = wall_ms();
-    publish(&runtime, &member, &body(1_000, now - MAX_AGE_MS - 5_000));
-    publish(&runtime, &member, &body(1_001, now + MAX_AGE_MS + 5_000));
+    publish(&member, &body(1_000, now - MAX_AGE_MS - 5_000));
+    publish(&member, &body(1_001, now + MAX_AGE_MS + 5_000));
     // Not after the last accepted timestamp (at most `first_ts + step`).
-    publish(&runtime, &member, &body(1_002, first_ts));
-    publish(&runtime, &member, &body(1_003, wall_ms() + 1_000));
+    publish(&member, &body(1_002, first_ts));
+    publish(&member, &body(1_003, wall_ms() + 1_000));
     let after = accepted_more(
         metrics,
         accepted[0],
@@ -174,7 +143,5 @@ fn stale_future_and_replayed_heartbeats_are_refused_and_counted_by_a_running_pee
         "the old and the far-future one: {after:?}"
     );
     assert_eq!(after[2] - accepted[2], 1.0, "the replay: {after:?}");
-    runtime
-        .block_on(member.shutdown())
-        .expect("the member shuts down");
+    member.shutdown();
 }
