@@ -60,8 +60,9 @@ pub enum SgpError {
         /// The refused share's step.
         step: u64,
     },
-    /// A share arrived after its sender cancelled it ([`SgpInput::CancelAsked`]
-    /// (super::SgpInput::CancelAsked)): the sender took its mass back, so it is dropped.
+    /// A share arrived after its sender asked to cancel it
+    /// ([`SgpInput::CancelAsked`](super::SgpInput::CancelAsked)): the sender took its mass
+    /// back, so it is dropped.
     #[error(
         "the share of step {step} arrived after its sender cancelled it and took its mass back; it was dropped"
     )]
