@@ -286,14 +286,11 @@ impl<P: PeerKey> SgpEngine<P> {
             peer: from,
             fate: RefusalFate::Refused,
         });
-        self.outputs.push_back(EngineOutput::Send {
-            to: from,
-            tag: NOTICE_TAG,
-            parcel: Parcel::ShareRefused(ShareRefused {
-                step,
-                reference_step,
-            }),
-        });
+        let refusal = ShareRefused {
+            step,
+            reference_step,
+        };
+        self.notice(from, Parcel::ShareRefused(refusal));
     }
 
     /// Reports the relative distance between this peer's `z = x / w` and an exact (`f32`)
