@@ -8,26 +8,12 @@ mod support;
 use std::time::Duration;
 
 use murmur_gossip::net::{NetEvent, NetHandle};
-use murmur_protocol::message::{AveragingMode, HeartbeatBody};
-use support::{Authority, InviteKind, connect, wall_ms};
+use murmur_protocol::message::HeartbeatBody;
+use support::{Authority, InviteKind, connect, heartbeat as body, wall_ms};
 use tokio::sync::broadcast;
 
 /// The receivers' `net.max_heartbeat_age_ms` (the default).
 const MAX_AGE_MS: u64 = 60_000;
-
-fn body(step: u64, timestamp_ms: u64) -> HeartbeatBody {
-    HeartbeatBody {
-        step,
-        timestamp_ms,
-        samples_per_s: 10.0,
-        upload_bytes_per_s: 1_000_000,
-        download_bytes_per_s: 1_000_000,
-        mode: AveragingMode::Sgp,
-        samples_accumulated: 0,
-        looking_round: 0,
-        looking_until_ms: 0,
-    }
-}
 
 /// The step of the next heartbeat after step `after` that `events` reports within
 /// `within`, if any (late copies of earlier ones are skipped).

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use murmur_gossip::net::{self, NetHandle};
 use murmur_protocol::identity::{Keypair, MAX_REVOKED, PeerId, Revocations, SwarmId};
-use support::{Authority, InviteKind, SWARM, address_of, connect, eventually};
+use support::{Authority, InviteKind, SWARM, address_of, connect, eventually, heartbeat, wall_ms};
 
 /// Long enough for a list to be gossiped and a connection closed after its refusal grace.
 const WITHIN: Duration = Duration::from_secs(10);
@@ -144,6 +144,83 @@ async fn a_list_written_to_the_revocation_file_takes_effect_while_running() {
     assert_eq!(a.metrics().snapshot().revocation_lists_adopted, 1);
     let _ = std::fs::remove_dir_all(&dir);
     for handle in [a, b] {
+        handle.shutdown().await.expect("shutdown");
+    }
+}
+
+/// a holds a list revoking r; b holds another list of the same serial, so neither adopts
+/// the other's and b keeps r. r and c (not revoked) are connected to b, which relays their
+/// heartbeats to a: a counts c's, and refuses and counts r's as revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_signers_heartbeat_relayed_by_a_member_is_refused_and_counted() {
+    let authority = Authority::new();
+    let (a, _a_in) = authority.spawn(11, InviteKind::Valid).await;
+    let (b, _b_in) = authority.spawn(12, InviteKind::Valid).await;
+    let (r, _r_in) = authority.spawn(13, InviteKind::Valid).await;
+    let (c, _c_in) = authority.spawn(14, InviteKind::Valid).await;
+    let (b_id, r_id, c_id) = (b.local_peer_id(), r.local_peer_id(), c.local_peer_id());
+    let nobody = Keypair::from_seed([99; 32]).peer_id();
+    assert_eq!(
+        a.adopt_revocations(authority.revoke(5, &[r_id])).await.ok(),
+        Some(true)
+    );
+    assert_eq!(
+        b.adopt_revocations(authority.revoke(5, &[nobody]))
+            .await
+            .ok(),
+        Some(true)
+    );
+    connect(&b, &a).await;
+    connect(&r, &b).await;
+    connect(&c, &b).await;
+    eventually(
+        WITHIN,
+        "b has admitted r and c, and a has admitted b",
+        || {
+            let (a, b) = (a.clone(), b.clone());
+            async move {
+                let at_b = ready_peers(&b).await;
+                at_b.contains(&r_id)
+                    && at_b.contains(&c_id)
+                    && ready_peers(&a).await.contains(&b_id)
+            }
+        },
+    )
+    .await;
+
+    let mut events = a.subscribe();
+    let (mut heard_c, mut heard_r) = (false, false);
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    let mut step = 0;
+    while tokio::time::Instant::now() < deadline
+        && !(heard_c && a.metrics().snapshot().heartbeats_refused_revoked >= 1)
+    {
+        step += 1;
+        let _ = r.publish_heartbeat(&heartbeat(step, wall_ms())).await;
+        let _ = c.publish_heartbeat(&heartbeat(step, wall_ms())).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        while let Ok(event) = events.try_recv() {
+            if let net::NetEvent::Heartbeat { peer, .. } = event {
+                heard_c |= peer == c_id;
+                heard_r |= peer == r_id;
+            }
+        }
+    }
+    assert!(
+        heard_c,
+        "a never heard c's heartbeats through b: the relay did not work"
+    );
+    assert!(!heard_r, "a counted a heartbeat of the revoked r");
+    let refused = a.metrics().snapshot().heartbeats_refused_revoked;
+    assert!(
+        refused >= 1,
+        "a did not count r's relayed heartbeats as revoked"
+    );
+    assert!(
+        !ready_peers(&a).await.contains(&r_id),
+        "a admitted the revoked r"
+    );
+    for handle in [a, b, r, c] {
         handle.shutdown().await.expect("shutdown");
     }
 }

@@ -371,6 +371,7 @@ impl Collector for NetCollector {
             ),
             ("stale", snapshot.heartbeats_refused_stale),
             ("replayed", snapshot.heartbeats_refused_replayed),
+            ("revoked", snapshot.heartbeats_refused_revoked),
         ]
         .iter()
         .map(|(reason, n)| sample(&[("reason", reason)], *n as f64, counter))
@@ -459,6 +460,7 @@ pub(super) mod tests {
             handshake_timeouts: 17,
             heartbeats_refused_stale: 18,
             heartbeats_refused_replayed: 19,
+            heartbeats_refused_revoked: 24,
             tensor_frames_timed_out: 20,
             tensor_streams_over_partial_budget: 21,
             peers_refused_revoked: 22,
@@ -516,6 +518,7 @@ pub(super) mod tests {
             "murmur_net_handshake_timeouts_total 17".to_owned(),
             r#"murmur_net_heartbeats_refused_total{reason="stale"} 18"#.to_owned(),
             r#"murmur_net_heartbeats_refused_total{reason="replayed"} 19"#.to_owned(),
+            r#"murmur_net_heartbeats_refused_total{reason="revoked"} 24"#.to_owned(),
             "murmur_net_tensor_frames_timed_out_total 20".to_owned(),
             "murmur_net_tensor_streams_over_partial_budget_total 21".to_owned(),
             "murmur_net_peers_refused_revoked_total 22".to_owned(),

@@ -60,9 +60,8 @@ impl NetActor {
                         why: Staleness::Replayed { .. },
                         ..
                     } => self.ctx.metrics.heartbeat_refused_replayed(),
-                    GossipRefusal::UnauthorizedForwarder
-                    | GossipRefusal::Invalid(_)
-                    | GossipRefusal::Revoked { .. } => {}
+                    GossipRefusal::Revoked { .. } => self.ctx.metrics.heartbeat_refused_revoked(),
+                    GossipRefusal::UnauthorizedForwarder | GossipRefusal::Invalid(_) => {}
                 }
                 self.log_gossip_refusal(&source, &refusal);
                 refusal.acceptance()

@@ -34,6 +34,7 @@ pub struct NetMetrics {
     handshake_timeouts: AtomicU64,
     heartbeats_refused_stale: AtomicU64,
     heartbeats_refused_replayed: AtomicU64,
+    heartbeats_refused_revoked: AtomicU64,
     tensor_frames_timed_out: AtomicU64,
     tensor_streams_over_partial_budget: AtomicU64,
     peers_refused_revoked: AtomicU64,
@@ -88,6 +89,8 @@ pub struct NetMetricsSnapshot {
     pub heartbeats_refused_stale: u64,
     /// Heartbeats refused because their timestamp is not after the last one accepted from their signer (also counted in `gossip_rejected`).
     pub heartbeats_refused_replayed: u64,
+    /// Heartbeats refused because the swarm's revocation list names their signer, whoever forwarded them (also counted in `gossip_rejected`).
+    pub heartbeats_refused_revoked: u64,
     /// Tensor streams closed because a frame did not arrive whole within `net.frame_timeout_ms` of its first byte.
     pub tensor_frames_timed_out: u64,
     /// Tensor streams closed because their peer's partial frames would have held more than `net.max_partial_frame_bytes_per_peer`.
@@ -134,6 +137,7 @@ impl NetMetrics {
             handshake_timeouts: get(&self.handshake_timeouts),
             heartbeats_refused_stale: get(&self.heartbeats_refused_stale),
             heartbeats_refused_replayed: get(&self.heartbeats_refused_replayed),
+            heartbeats_refused_revoked: get(&self.heartbeats_refused_revoked),
             tensor_frames_timed_out: get(&self.tensor_frames_timed_out),
             tensor_streams_over_partial_budget: get(&self.tensor_streams_over_partial_budget),
             peers_refused_revoked: get(&self.peers_refused_revoked),
@@ -242,6 +246,11 @@ impl NetMetrics {
 
     pub(crate) fn heartbeat_refused_replayed(&self) {
         self.heartbeats_refused_replayed
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn heartbeat_refused_revoked(&self) {
+        self.heartbeats_refused_revoked
             .fetch_add(1, Ordering::Relaxed);
     }
 

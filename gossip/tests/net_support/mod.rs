@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use murmur_gossip::net::{self, NetConfig, NetHandle, NetIdentity, NetInbound};
 use murmur_protocol::identity::{Invite, Keypair, PeerId, Revocations, SwarmId};
+use murmur_protocol::message::{AveragingMode, HeartbeatBody};
 
 pub const SWARM: &str = "net-test";
 
@@ -24,6 +25,21 @@ pub fn wall_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or(0)
+}
+
+/// A heartbeat of a peer at `step`, stamped `timestamp_ms`.
+pub fn heartbeat(step: u64, timestamp_ms: u64) -> HeartbeatBody {
+    HeartbeatBody {
+        step,
+        timestamp_ms,
+        samples_per_s: 10.0,
+        upload_bytes_per_s: 1_000_000,
+        download_bytes_per_s: 1_000_000,
+        mode: AveragingMode::Sgp,
+        samples_accumulated: 0,
+        looking_round: 0,
+        looking_until_ms: 0,
+    }
 }
 
 /// Which invite a test peer presents.
