@@ -2,11 +2,19 @@
 //! written to one member's `swarm.revocation_file` while the swarm trains, cuts the revoked
 //! volunteer off from every member, the ones that never read the file included.
 
+#[path = "support/member.rs"]
+mod member;
 mod run_support;
+#[path = "support/swarm.rs"]
+mod swarm;
 
-use std::time::Duration;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
-use run_support::{PeerSettings, Swarm, exclusive};
+use member::{Member, peer_id_of, wall_ms};
+use murmur_protocol::message::{AveragingMode, HeartbeatBody};
+use run_support::{PeerSettings, Swarm};
+use swarm::{exclusive, http_get};
 
 /// How long the three peers may take to start and see each other.
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -114,4 +122,104 @@ fn a_revoked_volunteer_is_cut_off_by_every_member_though_one_read_the_list() {
         .filter(|l| l.is("progress"))
         .any(|l| l.u64("peers") > 0);
     assert!(!back, "the revoked peer got back in:\n{}", p2.log());
+}
+
+/// A heartbeat of a member at `step`, stamped now.
+fn heartbeat(step: u64) -> HeartbeatBody {
+    HeartbeatBody {
+        step,
+        timestamp_ms: wall_ms(),
+        samples_per_s: 10.0,
+        upload_bytes_per_s: 1_000_000,
+        download_bytes_per_s: 1_000_000,
+        mode: AveragingMode::Sgp,
+        samples_accumulated: 0,
+        looking_round: 0,
+        looking_until_ms: 0,
+    }
+}
+
+/// Heartbeats of `peer`'s (at `metrics`) refused because the revocation list names their
+/// signer.
+fn refused_revoked(metrics: SocketAddr) -> f64 {
+    let page = match http_get(metrics, "/metrics") {
+        Ok((200, body)) => body,
+        other => panic!("GET /metrics: {other:?}"),
+    };
+    let series = "murmur_net_heartbeats_refused_total{reason=\"revoked\"}";
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Two `murmur run` members hold different lists of the same serial, so neither adopts the
+/// other's: p0's revokes a member r that p1's does not. r (run in the test process) is
+/// admitted by p1 and publishes heartbeats, which p1 relays to p0: p0 refuses them and
+/// counts them as revoked.
+#[test]
+fn a_revoked_members_heartbeats_relayed_by_another_member_are_refused_and_counted() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let revoked = peer_id_of(79);
+    let first = swarm.add_peer("p0");
+    let second = swarm.add_peer("p1");
+    let out = swarm.revoke(&[&revoked], &first.dir.join("revocations"));
+    assert!(out.contains("revokes 1 peer"), "{out}");
+    let out = swarm.revoke(&[&peer_id_of(80)], &second.dir.join("revocations"));
+    assert!(out.contains("revokes 1 peer"), "{out}");
+    first.write_config(&PeerSettings {
+        metrics: true,
+        revocation_file: Some("revocations".to_owned()),
+        ..PeerSettings::default()
+    });
+    let mut p0 = first.start();
+    let ready = p0.ready();
+    let metrics: SocketAddr = ready
+        .str("metrics_addr")
+        .parse()
+        .expect("a metrics address");
+    let address = ready.json["listen"][0]
+        .as_str()
+        .expect("a listen address")
+        .to_owned();
+    second.write_config(&PeerSettings {
+        bootstrap: vec![address],
+        revocation_file: Some("revocations".to_owned()),
+        ..PeerSettings::default()
+    });
+    let mut p1 = second.start();
+    let p1_address = p1.ready().json["listen"][0]
+        .as_str()
+        .expect("a listen address")
+        .to_owned();
+    for peer in [&mut p0, &mut p1] {
+        peer.wait_for("the other member", PATIENCE, |l| {
+            l.is("progress") && l.u64("peers") >= 1
+        });
+    }
+
+    let r = Member::join(&swarm, &second, 79, &p1_address);
+    r.admitted_by(&second.peer_id, Duration::from_secs(20));
+    let deadline = Instant::now() + CUT_OFF_WITHIN;
+    let mut step = 0;
+    while refused_revoked(metrics) < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "p0 refused none of r's heartbeats as revoked within {CUT_OFF_WITHIN:?}"
+        );
+        step += 1;
+        let _ = r
+            .runtime
+            .block_on(r.handle.publish_heartbeat(&heartbeat(step)));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    p0.drain();
+    assert!(
+        p0.seen
+            .iter()
+            .filter(|l| l.is("progress"))
+            .all(|l| l.u64("peers") <= 1),
+        "p0 counted r as a member"
+    );
+    r.shutdown();
 }

@@ -18,6 +18,11 @@ pub(crate) fn wall_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// The peer id of the member started with `seed`.
+pub(crate) fn peer_id_of(seed: u8) -> String {
+    NetIdentity::from_seed([seed; 32]).peer_id().to_string()
+}
+
 /// The member's network, the runtime its tasks run on, and what reaches it.
 pub(crate) struct Member {
     pub(crate) runtime: tokio::runtime::Runtime,
