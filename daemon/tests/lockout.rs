@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use run_support::{PeerDir, PeerSettings, RunningPeer, Swarm};
-use swarm::{exclusive, http_get};
+use swarm::{exclusive, metric, scrape};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
 /// The attacker's address: one source, distinct from the joiner's 127.0.0.1.
@@ -51,20 +51,6 @@ fn victim_settings(net_keys: Vec<(&'static str, u64)>) -> PeerSettings {
 }
 
 /// One counter or gauge from a Prometheus text page (0 when absent).
-fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn scrape(addr: SocketAddr) -> String {
-    match http_get(addr, "/metrics") {
-        Ok((200, body)) => body,
-        Ok((code, body)) => panic!("GET /metrics answered {code}: {body}"),
-        Err(e) => panic!("{e}"),
-    }
-}
-
 /// The victim's addresses: metrics, QUIC and TCP.
 struct Victim {
     peer: RunningPeer,

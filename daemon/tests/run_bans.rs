@@ -12,27 +12,13 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use run_support::{PeerSettings, Swarm};
-use swarm::{exclusive, http_get};
+use swarm::{exclusive, metric, scrape};
 
 /// How long the outsider may take to be refused three times: three redials 5 s apart, and
 /// the time to start.
 const BANNED_WITHIN: Duration = Duration::from_secs(60);
 /// How long the ban is watched: two more redials at least, within the 60 s backoff.
 const WATCH: Duration = Duration::from_secs(16);
-
-fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn scrape(addr: SocketAddr) -> String {
-    match http_get(addr, "/metrics") {
-        Ok((200, body)) => body,
-        Ok((code, body)) => panic!("GET /metrics answered {code}: {body}"),
-        Err(e) => panic!("{e}"),
-    }
-}
 
 /// The member's counters the test reads: bans started, invites refused, connections closed
 /// as banned, peers let in.
@@ -59,14 +45,7 @@ fn a_volunteer_refused_three_times_is_not_judged_or_let_in_again_before_its_ban_
     });
     let mut member = first.start();
     let ready = member.ready();
-    let metrics: SocketAddr = ready
-        .str("metrics_addr")
-        .parse()
-        .expect("a metrics address");
-    let listen = ready.json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let (metrics, listen) = (ready.metrics_addr(), ready.listen());
 
     // Same swarm id, another authority: its invite never verifies here.
     let elsewhere = Swarm::create();

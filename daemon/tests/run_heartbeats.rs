@@ -13,42 +13,19 @@ mod swarm;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use member::{Member, wall_ms};
-use murmur_protocol::message::{AveragingMode, HeartbeatBody};
+use member::{Member, heartbeat as body, wall_ms};
+use murmur_protocol::message::HeartbeatBody;
 use run_support::{PeerSettings, Swarm};
-use swarm::{exclusive, http_get};
+use swarm::{exclusive, metric, scrape};
 
 /// The peer's `net.max_heartbeat_age_ms` (the default).
 const MAX_AGE_MS: u64 = 60_000;
 /// How long the peer may take to accept a heartbeat (the gossip mesh forms first).
 const HEARD_WITHIN: Duration = Duration::from_secs(30);
 
-fn body(step: u64, timestamp_ms: u64) -> HeartbeatBody {
-    HeartbeatBody {
-        step,
-        timestamp_ms,
-        samples_per_s: 10.0,
-        upload_bytes_per_s: 1_000_000,
-        download_bytes_per_s: 1_000_000,
-        mode: AveragingMode::Sgp,
-        samples_accumulated: 0,
-        looking_round: 0,
-        looking_until_ms: 0,
-    }
-}
-
-fn metric(page: &str, series: &str) -> f64 {
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The peer's heartbeats accepted, and refused as stale and as replayed.
 fn counters(addr: SocketAddr) -> [f64; 3] {
-    let page = match http_get(addr, "/metrics") {
-        Ok((200, body)) => body,
-        other => panic!("GET /metrics: {other:?}"),
-    };
+    let page = scrape(addr);
     [
         "murmur_net_heartbeats_received_total",
         "murmur_net_heartbeats_refused_total{reason=\"stale\"}",
@@ -97,14 +74,7 @@ fn stale_future_and_replayed_heartbeats_are_refused_and_counted_by_a_running_pee
     });
     let mut peer = dir.start();
     let ready = peer.ready();
-    let metrics: SocketAddr = ready
-        .str("metrics_addr")
-        .parse()
-        .expect("a metrics address");
-    let listen = ready.json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let (metrics, listen) = (ready.metrics_addr(), ready.listen());
 
     // A member of the same swarm, invited by its authority, in this process.
     let member = Member::join(&swarm, &dir, 77, &listen);

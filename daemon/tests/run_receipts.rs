@@ -53,10 +53,7 @@ fn a_share_written_into_a_connection_that_died_before_it_was_applied_loses_no_ma
     let first = swarm.add_peer("sender");
     first.write_config(&settings(Vec::new()));
     let mut sender = first.start();
-    let address = sender.ready().json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let address = sender.ready().listen();
     let second = swarm.add_peer("receiver");
     second.write_config(&settings(vec![address]));
     let mut receiver = second.start();

@@ -11,10 +11,9 @@ mod swarm;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use member::{Member, peer_id_of, wall_ms};
-use murmur_protocol::message::{AveragingMode, HeartbeatBody};
+use member::{Member, heartbeat, peer_id_of, wall_ms};
 use run_support::{PeerSettings, Swarm};
-use swarm::{exclusive, http_get};
+use swarm::{exclusive, metric, scrape};
 
 /// How long the three peers may take to start and see each other.
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -51,10 +50,7 @@ fn a_revoked_volunteer_is_cut_off_by_every_member_though_one_read_the_list() {
         ..PeerSettings::default()
     });
     let mut p0 = first.start();
-    let address = p0.ready().json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let address = p0.ready().listen();
     let joiner = PeerSettings {
         bootstrap: vec![address],
         ..PeerSettings::default()
@@ -124,32 +120,11 @@ fn a_revoked_volunteer_is_cut_off_by_every_member_though_one_read_the_list() {
     assert!(!back, "the revoked peer got back in:\n{}", p2.log());
 }
 
-/// A heartbeat of a member at `step`, stamped now.
-fn heartbeat(step: u64) -> HeartbeatBody {
-    HeartbeatBody {
-        step,
-        timestamp_ms: wall_ms(),
-        samples_per_s: 10.0,
-        upload_bytes_per_s: 1_000_000,
-        download_bytes_per_s: 1_000_000,
-        mode: AveragingMode::Sgp,
-        samples_accumulated: 0,
-        looking_round: 0,
-        looking_until_ms: 0,
-    }
-}
-
 /// Heartbeats of `peer`'s (at `metrics`) refused because the revocation list names their
 /// signer.
 fn refused_revoked(metrics: SocketAddr) -> f64 {
-    let page = match http_get(metrics, "/metrics") {
-        Ok((200, body)) => body,
-        other => panic!("GET /metrics: {other:?}"),
-    };
     let series = "murmur_net_heartbeats_refused_total{reason=\"revoked\"}";
-    page.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
+    metric(&scrape(metrics), series)
 }
 
 /// Two `murmur run` members hold different lists of the same serial, so neither adopts the
@@ -174,24 +149,14 @@ fn a_revoked_members_heartbeats_relayed_by_another_member_are_refused_and_counte
     });
     let mut p0 = first.start();
     let ready = p0.ready();
-    let metrics: SocketAddr = ready
-        .str("metrics_addr")
-        .parse()
-        .expect("a metrics address");
-    let address = ready.json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let (metrics, address) = (ready.metrics_addr(), ready.listen());
     second.write_config(&PeerSettings {
         bootstrap: vec![address],
         revocation_file: Some("revocations".to_owned()),
         ..PeerSettings::default()
     });
     let mut p1 = second.start();
-    let p1_address = p1.ready().json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let p1_address = p1.ready().listen();
     for peer in [&mut p0, &mut p1] {
         peer.wait_for("the other member", PATIENCE, |l| {
             l.is("progress") && l.u64("peers") >= 1
@@ -210,7 +175,7 @@ fn a_revoked_members_heartbeats_relayed_by_another_member_are_refused_and_counte
         step += 1;
         let _ = r
             .runtime
-            .block_on(r.handle.publish_heartbeat(&heartbeat(step)));
+            .block_on(r.handle.publish_heartbeat(&heartbeat(step, wall_ms())));
         std::thread::sleep(Duration::from_millis(100));
     }
     p0.drain();

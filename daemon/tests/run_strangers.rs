@@ -26,10 +26,7 @@ fn a_stranger_learns_no_member_address_or_invite_from_a_running_member() {
     let first = swarm.add_peer("p0");
     first.write_config(&PeerSettings::default());
     let mut p0 = first.start();
-    let listen = p0.ready().json["listen"][0]
-        .as_str()
-        .expect("a listen address")
-        .to_owned();
+    let listen = p0.ready().listen();
     let second = swarm.add_peer("p1");
     second.write_config(&PeerSettings {
         bootstrap: vec![listen.clone()],

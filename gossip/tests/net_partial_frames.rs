@@ -1,35 +1,18 @@
 //! Memory a member can pin with frames it never finishes: bounded by
 //! `net.max_partial_frame_bytes_per_peer`, and for no longer than `net.frame_timeout_ms`.
 
+#[path = "net_support/partial_frames.rs"]
+mod partial_frames;
 #[path = "net_support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
 
 use murmur_gossip::net::{self, NetHandle, NetMetricsSnapshot};
-use murmur_protocol::frame::{FrameFlags, FrameKind, HEADER_LEN, encode_header};
+use partial_frames::{
+    BUDGET, FRAME_TIMEOUT, RSS_BOUND, STREAMS, WINDOW, all_but_the_last_byte, rss_bytes,
+};
 use support::{Authority, InviteKind, connect, eventually};
-
-/// The frame limit (the default).
-const MAX_FRAME: usize = 16 << 20;
-/// The victim's budget: two full frames, headers included.
-const BUDGET: u64 = 2 * (MAX_FRAME + HEADER_LEN) as u64;
-/// The victim's `net.frame_timeout_ms`.
-const FRAME_TIMEOUT: Duration = Duration::from_secs(3);
-/// Streams a member may open towards the victim (the default).
-const STREAMS: usize = 8;
-/// QUIC receive windows of the victim, small so that QUIC's own buffers stay small.
-const WINDOW: u32 = 1 << 20;
-
-/// The resident set of this process, from `/proc/self/status`.
-fn rss_bytes() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
 
 fn snapshot(handle: &NetHandle) -> NetMetricsSnapshot {
     handle.metrics().snapshot()
@@ -47,8 +30,8 @@ async fn a_member_trickling_frames_pins_at_most_the_budget_until_the_frame_deadl
     config.max_partial_frame_bytes_per_peer = BUDGET;
     config.frame_timeout_ms = u64::try_from(FRAME_TIMEOUT.as_millis()).expect("small");
     config.tensor_read_timeout_ms = 60_000;
-    config.quic_stream_receive_window = WINDOW / 4;
-    config.quic_connection_receive_window = WINDOW;
+    config.quic_stream_receive_window = u32::try_from(WINDOW / 4).expect("small");
+    config.quic_connection_receive_window = u32::try_from(WINDOW).expect("small");
     let (victim, mut victim_in) = net::spawn(&config, identity).await.expect("network starts");
     let (member, _member_in) = authority.spawn(2, InviteKind::Valid).await;
     connect(&member, &victim).await;
@@ -77,18 +60,8 @@ async fn a_member_trickling_frames_pins_at_most_the_budget_until_the_frame_deadl
     });
 
     // One buffer, allocated and touched before the baseline.
-    let mut frame = vec![1u8; MAX_FRAME + HEADER_LEN - 1];
-    let mut header = [0u8; HEADER_LEN];
-    encode_header(
-        FrameKind::TensorPartChunk,
-        FrameFlags::EMPTY,
-        MAX_FRAME,
-        &mut header,
-    )
-    .expect("header");
-    frame[..HEADER_LEN].copy_from_slice(&header);
-    let frame = std::sync::Arc::new(frame);
-    let baseline = rss_bytes();
+    let frame = std::sync::Arc::new(all_but_the_last_byte());
+    let baseline = rss_bytes("self");
     let started = Instant::now();
 
     let mut writers = Vec::new();
@@ -111,17 +84,13 @@ async fn a_member_trickling_frames_pins_at_most_the_budget_until_the_frame_deadl
     let closed =
         |s: &NetMetricsSnapshot| s.tensor_frames_timed_out + s.tensor_streams_over_partial_budget;
     while closed(&snapshot(&victim)) < STREAMS as u64 && Instant::now() < deadline {
-        peak = peak.max(rss_bytes());
+        peak = peak.max(rss_bytes("self"));
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let closed_after = started.elapsed();
     let metrics = snapshot(&victim);
     let grown = peak.saturating_sub(baseline);
-    let bound = BUDGET
-        + MAX_FRAME as u64
-        + STREAMS as u64 * 256 * 1024
-        + 2 * u64::from(WINDOW)
-        + 8 * (1 << 20);
+    let bound = RSS_BOUND;
     eprintln!(
         "partial frames: RSS grew {} MiB (bound {} MiB); {} streams over the budget, {} at the frame deadline, all closed after {closed_after:?}",
         grown >> 20,

@@ -62,12 +62,17 @@ fn step_delivered(peer: &mut SgpPeer<u32>) -> u32 {
 
 /// The transport reports `header`'s share to `to` written, and `to` says it applied it.
 fn settle(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader) {
+    written(peer, to, header);
+    receipt(peer, to, header.step, ShareOutcome::Applied);
+}
+
+/// The transport reports `header`'s share to `to` written.
+fn written(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader) {
     let delivered = SgpInput::ShareDelivered {
         to,
         seq: header.seq,
     };
-    peer.handle(T0, delivered).expect("delivered");
-    receipt(peer, to, header.step, ShareOutcome::Applied);
+    peer.handle(T0, delivered).expect("written");
 }
 
 fn receipt(peer: &mut SgpPeer<u32>, from: u32, step: u64, outcome: ShareOutcome) {
@@ -513,14 +518,7 @@ fn a_written_share_its_receiver_never_applied_is_cancelled_then_taken_back_once(
     let mut a = peer(0, 2, &[1.0, 3.0], SgpConfig::default());
     let mut b = peer(1, 2, &[5.0, -1.0], SgpConfig::default());
     let (to, header, payload) = step(&mut a);
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to,
-            seq: header.seq,
-        },
-    )
-    .expect("written");
+    written(&mut a, to, header);
     assert_eq!(a.state().weight(), 0.5);
     // No receipt by the deadline: a asks b, again every timeout while b says nothing.
     let deadline = a.poll_timeout().expect("waits for a receipt");
@@ -579,14 +577,7 @@ fn a_cancel_for_an_applied_share_is_answered_applied_and_moves_nothing() {
         receipts(&outputs(&mut b)),
         [(0, header.step, ShareOutcome::Applied)]
     );
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to,
-            seq: header.seq,
-        },
-    )
-    .expect("written");
+    written(&mut a, to, header);
     let deadline = a.poll_timeout().expect("waits for a receipt");
     a.handle(deadline, SgpInput::Tick).expect("tick");
     assert_eq!(cancels(&outputs(&mut a)), [(1, header.step)]);
@@ -608,14 +599,7 @@ fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel(
     let (mut a, values) = quantized_sender();
     let (_, second, _) = step(&mut a);
     assert!(second.reference.is_some());
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to: 1,
-            seq: second.seq,
-        },
-    )
-    .expect("written");
+    written(&mut a, 1, second);
     // The edge waits for the receipt: the next step keeps its share.
     outputs(&mut a);
     a.handle(T0, SgpInput::LocalStepDone).expect("step");
@@ -637,14 +621,7 @@ fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel(
 fn a_receiver_out_of_the_view_is_asked_once_back_and_never_answered_for() {
     let mut a = peer(0, 2, &[2.0], SgpConfig::default());
     let (to, header, _) = step(&mut a);
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to,
-            seq: header.seq,
-        },
-    )
-    .expect("written");
+    written(&mut a, to, header);
     // Given up as silent: it may be frozen with the share applied, so nothing comes back.
     a.handle(T0, SgpInput::PeerCrashed(1)).expect("crashed");
     let deadline = a.poll_timeout().expect("waits");
@@ -667,14 +644,7 @@ fn a_receiver_out_of_the_view_is_asked_once_back_and_never_answered_for() {
 fn a_receiver_that_never_returns_has_its_share_given_up_not_taken_back() {
     let mut a = peer(0, 2, &[2.0], SgpConfig::default());
     let (to, header, _) = step(&mut a);
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to,
-            seq: header.seq,
-        },
-    )
-    .expect("written");
+    written(&mut a, to, header);
     a.handle(T0, SgpInput::PeerCrashed(1)).expect("crashed");
     let mut ticks = 0;
     while let Some(at) = a.poll_timeout() {
@@ -705,14 +675,7 @@ fn an_exact_edge_carries_at_most_four_unacknowledged_shares() {
     for expected in 0..4 {
         let (to, header, _) = step(&mut a);
         assert_eq!(header.step, expected);
-        a.handle(
-            T0,
-            SgpInput::ShareDelivered {
-                to,
-                seq: header.seq,
-            },
-        )
-        .expect("written");
+        written(&mut a, to, header);
     }
     let weight = a.state().weight();
     outputs(&mut a);

@@ -457,6 +457,21 @@ impl Line {
             .as_str()
             .unwrap_or_else(|| panic!("no string {key:?} in {}", self.json))
     }
+
+    /// A `ready` line's first listen address (with its `/p2p` part).
+    pub(crate) fn listen(&self) -> String {
+        self.json["listen"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("no listen address in {}", self.json))
+            .to_owned()
+    }
+
+    /// A `ready` line's metrics address.
+    pub(crate) fn metrics_addr(&self) -> std::net::SocketAddr {
+        self.str("metrics_addr")
+            .parse()
+            .unwrap_or_else(|_| panic!("no metrics address in {}", self.json))
+    }
 }
 
 /// A running `murmur run --progress`; killed when dropped.

@@ -274,6 +274,24 @@ pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Result<(u16, String), St
     Ok((status, body.to_owned()))
 }
 
+/// The `/metrics` page of the peer whose metrics listen on `addr`; panics with the answer
+/// otherwise.
+pub(crate) fn scrape(addr: SocketAddr) -> String {
+    match http_get(addr, "/metrics") {
+        Ok((200, body)) => body,
+        Ok((code, body)) => panic!("GET /metrics answered {code}: {body}"),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The value of `series` (its name and labels as the page writes them) in a metrics page;
+/// 0 when the page does not have it.
+pub(crate) fn metric(page: &str, series: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A free TCP port on 127.0.0.1 (bound, read and released; another process could take it
 /// in between, which a test then reports as a failure to start).
 pub(crate) fn free_port() -> u16 {

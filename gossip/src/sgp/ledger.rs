@@ -66,29 +66,22 @@ impl<P: Copy + PartialEq> Ledger<P> {
 
     /// Takes the share `seq` to `to` out of the ledger.
     pub(crate) fn remove_seq(&mut self, to: P, seq: u64) -> Option<Entry<P>> {
-        let at = self
-            .entries
-            .iter()
-            .position(|entry| entry.to == to && entry.seq == seq)?;
-        Some(self.entries.remove(at))
+        self.remove_first(|entry| entry.to == to && entry.seq == seq)
     }
 
     /// Takes the oldest share of `step` to `to` out of the ledger (one share per step and
     /// edge, so the step names it).
     pub(crate) fn remove_step(&mut self, to: P, step: u64) -> Option<Entry<P>> {
-        let at = self
-            .entries
-            .iter()
-            .position(|entry| entry.to == to && entry.step == step)?;
-        Some(self.entries.remove(at))
+        self.remove_first(|entry| entry.to == to && entry.step == step)
     }
 
     /// Takes the first share whose deadline has come out of the ledger.
     pub(crate) fn remove_due(&mut self, now: Time) -> Option<Entry<P>> {
-        let at = self
-            .entries
-            .iter()
-            .position(|entry| entry.deadline <= now)?;
+        self.remove_first(|entry| entry.deadline <= now)
+    }
+
+    fn remove_first(&mut self, matches: impl Fn(&Entry<P>) -> bool) -> Option<Entry<P>> {
+        let at = self.entries.iter().position(matches)?;
         Some(self.entries.remove(at))
     }
 
