@@ -6,6 +6,8 @@
 
 #[path = "support/member.rs"]
 mod member;
+#[path = "../../gossip/tests/net_support/mod.rs"]
+mod net_support;
 mod run_support;
 #[path = "support/swarm.rs"]
 mod swarm;
@@ -13,8 +15,9 @@ mod swarm;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use member::{Member, heartbeat as body, wall_ms};
+use member::{Member, wall_ms};
 use murmur_protocol::message::HeartbeatBody;
+use net_support::heartbeat as body;
 use run_support::{PeerSettings, Swarm};
 use swarm::{exclusive, metric, scrape};
 

@@ -4,6 +4,8 @@
 
 #[path = "support/member.rs"]
 mod member;
+#[path = "../../gossip/tests/net_support/mod.rs"]
+mod net_support;
 mod run_support;
 #[path = "support/swarm.rs"]
 mod swarm;
@@ -11,7 +13,8 @@ mod swarm;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use member::{Member, heartbeat, peer_id_of, wall_ms};
+use member::{Member, peer_id_of, wall_ms};
+use net_support::heartbeat;
 use run_support::{PeerSettings, Swarm};
 use swarm::{exclusive, metric, scrape};
 

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use murmur_gossip::net::{self, NetConfig, NetHandle, NetIdentity, NetInbound};
 use murmur_protocol::identity::{Invite, Keypair, SwarmId};
-use murmur_protocol::message::{AveragingMode, HeartbeatBody};
 
 use super::run_support::{PeerDir, SWARM_ID, Swarm};
 
@@ -17,21 +16,6 @@ pub(crate) fn wall_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// A heartbeat of a member at `step`, stamped `timestamp_ms`.
-pub(crate) fn heartbeat(step: u64, timestamp_ms: u64) -> HeartbeatBody {
-    HeartbeatBody {
-        step,
-        timestamp_ms,
-        samples_per_s: 10.0,
-        upload_bytes_per_s: 1_000_000,
-        download_bytes_per_s: 1_000_000,
-        mode: AveragingMode::Sgp,
-        samples_accumulated: 0,
-        looking_round: 0,
-        looking_until_ms: 0,
-    }
 }
 
 /// The peer id of the member started with `seed`.
