@@ -34,20 +34,23 @@ pub(crate) struct Gathering<'a, P> {
 }
 
 impl<P: PeerKey> Gathering<'_, P> {
-    /// Whether `peer`, whose last heartbeat `beat` says it trains towards this round (not
-    /// looking for a group, at a known rate), has been silent for [`MISSED_STEPS`] of its
-    /// steps, at least [`MISSED_FLOOR`]: a training peer announces at the end of every step,
-    /// so it has most likely crashed. Its step's length is taken as this peer's `batch_size`
-    /// at its reported rate. One whose heartbeat says it began the round before (at that
-    /// round, nothing gathered) says nothing until that round's update is applied, so it is
-    /// given this peer's last round's length on top. A crashed member would otherwise hold
-    /// a gathering leader for [`QUIET_INTERVALS`] heartbeat intervals, several steps of
-    /// training that then go into one update; one that is merely slow joins the next round.
+    /// Whether `peer`, whose last heartbeat `beat` says it trains towards this round (at a
+    /// known rate; looking for a group or not), has been silent for
+    /// [`MISSED_STEPS`] of its steps, at least [`MISSED_FLOOR`]: with `overlap` a peer steps
+    /// while it gathers, looks for a group and averages, and announces at the end of every
+    /// step, so it has most likely crashed. Its step's length is taken as this peer's
+    /// `batch_size` at its reported rate. One whose heartbeat says it is at the round before
+    /// may be finishing that round (having begun it with nothing gathered, it says nothing
+    /// until its update is applied), so it is given this peer's last round's length on
+    /// top. A peer that has stopped
+    /// stepping (it is finishing) reports no rate and is never judged so. A crashed member
+    /// would otherwise hold a gathering leader, the followers of a crashed leader, or a
+    /// running round for [`QUIET_INTERVALS`] heartbeat intervals, several steps of training
+    /// that then go into one update; one that is merely slow joins the next round.
     pub(crate) fn missed_a_step(&self, peer: &P, beat: &Beat) -> bool {
-        let in_round_before = beat.step + 1 == self.round && beat.samples_accumulated == 0;
+        let in_round_before = beat.step + 1 == self.round;
         if !self.steps_announced
             || (beat.step != self.round && !in_round_before)
-            || beat.looking.is_some()
             || beat.samples_per_s <= 0.0
         {
             return false;

@@ -271,7 +271,13 @@ impl<P: PeerKey> RoundEngine<P> {
         Beat {
             step: self.round,
             samples_accumulated: self.samples,
-            samples_per_s: self.rate as f32,
+            // A finishing peer steps no more: no rate, so nobody takes its silence for a
+            // missed step.
+            samples_per_s: if self.finishing {
+                0.0
+            } else {
+                self.rate as f32
+            },
             upload_bytes_per_s: self.upload_offered(),
             looking,
         }
@@ -1038,28 +1044,40 @@ impl<P: PeerKey> RoundEngine<P> {
         Ok(())
     }
 
-    /// A member of the running round whose heartbeats stopped for [`QUIET_INTERVALS`] is not
+    /// Whether `peer` has most likely crashed: silent for [`QUIET_INTERVALS`] heartbeat
+    /// intervals, or, with `overlap`, for three of the steps its last heartbeat said it was
+    /// taking towards this round ([`Gathering::missed_a_step`]).
+    fn gone_quiet(&self, peer: &P, now: Time) -> bool {
+        let limit = self.membership.interval().mul_f64(QUIET_INTERVALS);
+        self.membership
+            .quiet_for(peer, now)
+            .is_some_and(|quiet| quiet > limit)
+            || self
+                .membership
+                .news(peer)
+                .is_some_and(|beat| self.gathering().missed_a_step(peer, beat))
+    }
+
+    /// A member of the running round that went quiet ([`Self::gone_quiet`]) is not
     /// waited for in it (its part keeps local values, its contribution is left out), before
     /// the membership gives it up: a crashed member costs the round that much, not the
     /// sender and reducer timeouts. It is still sent its share: a member whose heartbeats
     /// are merely late (a busy host, a congested link) finishes the round with the others
     /// instead of waiting out its reducer timeout.
     fn stop_waiting_for_quiet(&mut self, now: Time) -> Result<(), EngineError> {
-        let Some(collective) = &mut self.collective else {
+        let Some(collective) = &self.collective else {
             return Ok(());
         };
-        let limit = self.membership.interval().mul_f64(QUIET_INTERVALS);
         let newly: Vec<P> = collective
             .members()
             .iter()
             .copied()
             .filter(|member| *member != self.me && !self.quiet_in_round.contains(member))
-            .filter(|member| {
-                self.membership
-                    .quiet_for(member, now)
-                    .is_some_and(|quiet| quiet > limit)
-            })
+            .filter(|member| self.gone_quiet(member, now))
             .collect();
+        let Some(collective) = &mut self.collective else {
+            return Ok(());
+        };
         for member in newly {
             tracing::debug!(
                 ?member,
@@ -1072,18 +1090,17 @@ impl<P: PeerKey> RoundEngine<P> {
         Ok(())
     }
 
-    /// A follower whose leader went quiet for [`QUIET_INTERVALS`] stops waiting for it: a
-    /// crashed leader costs its followers that much, not the rest of their `max_wait`. Not
-    /// sooner: a gathering leader may have nothing to say between its heartbeats (a bench
-    /// peer, or a synchronous mode's trainer, is idle while it gathers), and a follower
-    /// that left a live leader would split the round.
+    /// A follower whose leader went quiet ([`Self::gone_quiet`]) stops waiting for it: a
+    /// crashed leader costs its followers that much, not the rest of their `max_wait`.
+    /// Without `overlap` not before [`QUIET_INTERVALS`]: a gathering leader may then have
+    /// nothing to say between its heartbeats (a bench peer, or a synchronous mode's trainer,
+    /// is idle while it gathers), and a follower that left a live leader would split the
+    /// round.
     fn leave_quiet_leader(&mut self, now: Time) -> Result<(), EngineError> {
-        let limit = self.membership.interval().mul_f64(QUIET_INTERVALS);
-        let quiet = self.matchmaker.leader().filter(|leader| {
-            self.membership
-                .quiet_for(leader, now)
-                .is_some_and(|quiet| quiet > limit)
-        });
+        let quiet = self
+            .matchmaker
+            .leader()
+            .filter(|leader| self.gone_quiet(leader, now));
         match quiet {
             Some(leader) => self.match_input(now, MatchInput::PeerGone(leader)),
             None => Ok(()),
@@ -1141,6 +1158,7 @@ impl<P: PeerKey> RoundEngine<P> {
             self.phase = Phase::Training;
             self.match_input(now, MatchInput::Cancel)?;
         }
+        self.announce(now);
         Ok(())
     }
 
