@@ -6,6 +6,9 @@
 //! checkpoints or the new one, never a half-written file under a final name. Files are
 //! created with mode 0600: they hold the model and its optimizer state. Loading takes the
 //! newest checkpoint that passes its digest check and reports every one it skipped.
+//! A checkpoint is encoded from the trainer's vectors straight into its file, and read
+//! back through its digest check and zstd as it comes (`murmur_protocol::snapshot_file`):
+//! neither holds the encoded or uncompressed state in memory.
 //!
 //! Retention (`checkpoint.keep`) counts valid checkpoints only. After a write, the file
 //! just written always stays; files of later steps (left by an earlier run) are always
@@ -20,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::io::{BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,8 +31,13 @@ use std::sync::{Mutex, OnceLock};
 use std::time::SystemTime;
 
 use murmur_protocol::snapshot::{Snapshot, SnapshotError, SnapshotLimits};
+use murmur_protocol::snapshot_file::{SnapshotView, read_snapshot};
 use thiserror::Error;
 
+/// zstd's level for checkpoints: on a model's f32 state level 1 saves as much as level 3
+/// (1,347 of 1,493 MB for GPT-2 small with AdamW) in less time; negative levels save
+/// nothing (BENCHMARKS.md, `murmur bench checkpoint`).
+const LEVEL: i32 = 1;
 const PREFIX: &str = "ckpt-";
 const SUFFIX: &str = ".snap";
 const TEMP_SUFFIX: &str = ".snap.tmp";
@@ -91,11 +99,12 @@ impl Fault {
         })
     }
 
-    /// The bytes to write before aborting, if this fault applies to a checkpoint of `step`.
-    fn cut(self, step: u64, bytes: &[u8]) -> Option<&[u8]> {
+    /// How many of a checkpoint's `len` bytes stay in its file before aborting, if this
+    /// fault applies to a checkpoint of `step`.
+    fn cut(self, step: u64, len: u64) -> Option<u64> {
         match self {
-            Fault::CrashBeforeRename { step: from } => (step >= from).then_some(bytes),
-            Fault::TornWrite { step: from } => (step >= from).then(|| &bytes[..bytes.len() / 2]),
+            Fault::CrashBeforeRename { step: from } => (step >= from).then_some(len),
+            Fault::TornWrite { step: from } => (step >= from).then_some(len / 2),
         }
     }
 }
@@ -202,9 +211,9 @@ impl CheckpointStore {
     }
 
     /// Writes `snapshot` as the checkpoint for its step and prunes old ones (see the module
-    /// docs): returns the new file's path and the corrupt files moved aside.
-    pub(crate) fn write(&self, snapshot: &Snapshot) -> Result<Written, CheckpointError> {
-        let bytes = snapshot.encode(3).map_err(CheckpointError::Encode)?;
+    /// docs): returns the new file's path and the corrupt files moved aside. The snapshot
+    /// is encoded straight into the file from the vectors it borrows.
+    pub(crate) fn write(&self, snapshot: &SnapshotView<'_>) -> Result<Written, CheckpointError> {
         let name = format!("{PREFIX}{:020}{SUFFIX}", snapshot.step);
         let path = self.dir.join(&name);
         let temp = self
@@ -225,19 +234,24 @@ impl CheckpointStore {
             }
             _ => {}
         }
+        // Read too: the digest is computed over the body read back (see `snapshot_file`).
         let mut file = OpenOptions::new()
+            .read(true)
             .write(true)
             .create_new(true)
             .mode(FILE_MODE)
             .open(&temp)
             .map_err(io("create", &temp))?;
-        if let Some(written) = Fault::injected().and_then(|f| f.cut(snapshot.step, &bytes)) {
+        let len = snapshot.write_to(&mut file, LEVEL).map_err(|e| match e {
+            SnapshotError::Io(source) => io("write", &temp)(source),
+            e => CheckpointError::Encode(e),
+        })?;
+        if let Some(kept) = Fault::injected().and_then(|f| f.cut(snapshot.step, len)) {
             // Injected crash (see FAULT_VAR): what a power cut at this moment leaves.
-            file.write_all(written).map_err(io("write", &temp))?;
+            file.set_len(kept).map_err(io("write", &temp))?;
             file.sync_all().map_err(io("sync", &temp))?;
             std::process::abort();
         }
-        file.write_all(&bytes).map_err(io("write", &temp))?;
         file.sync_all().map_err(io("sync", &temp))?;
         drop(file);
         fs::rename(&temp, &path).map_err(io("rename", &temp))?;
@@ -297,8 +311,9 @@ impl CheckpointStore {
     fn check(&self, path: &Path) -> Result<Snapshot, String> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         let stamp = Stamp::of(path);
-        let bytes = fs::read(path).map_err(|e| e.to_string())?;
-        let snapshot = Snapshot::decode(&bytes, &self.limits).map_err(|e| e.to_string())?;
+        let file = File::open(path).map_err(|e| e.to_string())?;
+        let snapshot = read_snapshot(&mut BufReader::with_capacity(1 << 16, file), &self.limits)
+            .map_err(|e| e.to_string())?;
         // The stamp from before the read: a file changed meanwhile is read again next time.
         if let Some(stamp) = stamp {
             self.known().insert(path.to_owned(), stamp);
@@ -527,7 +542,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(dir.path(), 2).unwrap();
         for step in [5, 10, 15, 20] {
-            store.write(&snapshot(step)).unwrap();
+            store.write(&snapshot(step).view()).unwrap();
         }
         assert_eq!(store.list().unwrap().len(), 2);
         let LatestCheckpoint {
@@ -542,9 +557,9 @@ mod tests {
     fn a_torn_or_corrupt_checkpoint_is_skipped_with_a_reason() {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(dir.path(), 3).unwrap();
-        store.write(&snapshot(1)).unwrap();
-        let second = store.write(&snapshot(2)).unwrap().path;
-        let third = store.write(&snapshot(3)).unwrap().path;
+        store.write(&snapshot(1).view()).unwrap();
+        let second = store.write(&snapshot(2).view()).unwrap().path;
+        let third = store.write(&snapshot(3).view()).unwrap().path;
         // Torn: cut short. Corrupt: one byte flipped in the body.
         let bytes = fs::read(&third).unwrap();
         fs::write(&third, &bytes[..bytes.len() / 2]).unwrap();
@@ -600,12 +615,11 @@ mod tests {
         ] {
             assert_eq!(Fault::parse(other), None, "{other:?}");
         }
-        let bytes = [1u8, 2, 3, 4, 5, 6];
         let torn = Fault::TornWrite { step: 20 };
-        assert_eq!(torn.cut(10, &bytes), None);
-        assert_eq!(torn.cut(20, &bytes), Some(&bytes[..3]));
+        assert_eq!(torn.cut(10, 6), None);
+        assert_eq!(torn.cut(20, 6), Some(3));
         let whole = Fault::CrashBeforeRename { step: 20 };
-        assert_eq!(whole.cut(30, &bytes), Some(&bytes[..]));
+        assert_eq!(whole.cut(30, 6), Some(6));
     }
 
     #[test]
@@ -615,7 +629,7 @@ mod tests {
         let reads = || store.reads.load(Ordering::Relaxed);
         let mut written = Vec::new();
         for step in 1..=6 {
-            written.push(store.write(&snapshot(step)).unwrap().path);
+            written.push(store.write(&snapshot(step).view()).unwrap().path);
         }
         assert_eq!(reads(), 0, "every kept file was written by this store");
         assert_eq!(store.list().unwrap(), written[3..]);
@@ -624,7 +638,7 @@ mod tests {
         // Rewritten in place (another length and time): read again, found corrupt, moved
         // aside; the next older valid file is kept instead, without a read.
         plant_corrupt(dir.path(), 5);
-        let next = store.write(&snapshot(7)).unwrap();
+        let next = store.write(&snapshot(7).view()).unwrap();
         assert_eq!(reads(), 1);
         assert_eq!(next.set_aside.len(), 1);
         assert_eq!(
@@ -635,8 +649,8 @@ mod tests {
         // A store opened anew reads each file once, then knows it.
         let reopened = CheckpointStore::open(dir.path(), 3).unwrap();
         assert_eq!(reopened.latest_valid().unwrap().found.unwrap().1.step, 7);
-        reopened.write(&snapshot(8)).unwrap();
-        reopened.write(&snapshot(9)).unwrap();
+        reopened.write(&snapshot(8).view()).unwrap();
+        reopened.write(&snapshot(9).view()).unwrap();
         assert_eq!(reopened.reads.load(Ordering::Relaxed), 1 + 1);
     }
 
@@ -652,7 +666,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(dir.path(), 1).unwrap();
         let corrupt = plant_corrupt(dir.path(), 100);
-        let first = store.write(&snapshot(10)).unwrap();
+        let first = store.write(&snapshot(10).view()).unwrap();
         assert_eq!(first.set_aside.len(), 1);
         assert_eq!(first.set_aside[0].from, corrupt);
         assert!(!corrupt.exists());
@@ -662,7 +676,7 @@ mod tests {
                 .ends_with("ckpt-00000000000000000100.snap.corrupt")
         );
         assert!(first.set_aside[0].to.is_file());
-        let second = store.write(&snapshot(20)).unwrap();
+        let second = store.write(&snapshot(20).view()).unwrap();
         assert!(second.set_aside.is_empty());
         assert_eq!(store.list().unwrap(), vec![second.path]);
         let latest = store.latest_valid().unwrap();
@@ -695,9 +709,9 @@ mod tests {
     fn keep_counts_valid_checkpoints_only() {
         let dir = tempfile::tempdir().unwrap();
         let store = CheckpointStore::open(dir.path(), 2).unwrap();
-        store.write(&snapshot(10)).unwrap();
+        store.write(&snapshot(10).view()).unwrap();
         plant_corrupt(dir.path(), 20);
-        let written = store.write(&snapshot(30)).unwrap();
+        let written = store.write(&snapshot(30).view()).unwrap();
         assert_eq!(written.set_aside.len(), 1, "{:?}", written.set_aside);
         // 30 and the valid 10 are the two kept, the corrupt 20 counts for nothing.
         let steps: Vec<u64> = store
@@ -718,7 +732,7 @@ mod tests {
         let stale = dir.path().join(format!("{PREFIX}{:020}{TEMP_SUFFIX}", 7));
         fs::write(&stale, b"stale").unwrap();
         fs::set_permissions(&stale, fs::Permissions::from_mode(0o644)).unwrap();
-        let written = store.write(&snapshot(7)).unwrap();
+        let written = store.write(&snapshot(7).view()).unwrap();
         let mode = fs::metadata(&written.path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "mode {mode:o}");
     }

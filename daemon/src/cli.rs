@@ -117,6 +117,31 @@ pub(crate) enum BenchCommand {
     /// and with no averaging (`none`), real local swarms at fixed step times; prints each
     /// mode's gap closure and writes quality.csv, curves.csv and quality.png.
     Quality(QualityArgs),
+    /// Writing a checkpoint of a model's parameters and AdamW state against a plain write
+    /// and fsync of as many bytes, in the same run, and the peak resident memory it adds.
+    Checkpoint(CheckpointBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CheckpointBenchArgs {
+    /// Model parameters; the state written is three times as many values (parameters and
+    /// AdamW's two moments). The default is GPT-2 small's count.
+    #[arg(long, default_value_t = 124_439_808)]
+    pub(crate) params: usize,
+    /// Timed repetitions of each write; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) repeats: usize,
+    /// The folder written to (on the disk to measure); a fresh temporary folder in it is
+    /// removed at the end.
+    #[arg(long, default_value = ".")]
+    pub(crate) dir: std::path::PathBuf,
+    /// Time the way checkpoints were written before they were streamed instead: a copy of
+    /// the state, encoded whole in memory at zstd level 3, then written and synced.
+    #[arg(long)]
+    pub(crate) in_memory: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

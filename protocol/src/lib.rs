@@ -25,6 +25,7 @@ pub mod fuzzing;
 pub mod identity;
 pub mod message;
 pub mod snapshot;
+pub mod snapshot_file;
 
 mod wire;
 

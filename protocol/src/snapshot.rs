@@ -23,6 +23,7 @@
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+use crate::snapshot_file::decode_body;
 use crate::wire::{Reader, Truncated};
 
 /// The magic bytes that open every snapshot.
@@ -123,6 +124,9 @@ pub enum SnapshotError {
     /// The decompressed state is malformed.
     #[error("malformed snapshot: {0}")]
     Malformed(String),
+    /// A snapshot file could not be read or written.
+    #[error("snapshot file: {0}")]
+    Io(std::io::Error),
     /// A parameter is NaN or infinite: the state diverged and must not spread.
     #[error("tensor {tensor:?} holds a non-finite value at element {index}")]
     NonFinite {
@@ -134,23 +138,15 @@ pub enum SnapshotError {
 }
 
 impl Snapshot {
-    /// Encodes the snapshot, compressing with zstd at `level` (1 is fast, 19 small).
+    /// Encodes the snapshot, compressing with zstd at `level` (1 is fast, 19 small). A
+    /// checkpoint is better written with [`SnapshotView::write_to`], which needs no copy of
+    /// the encoded bytes in memory.
+    ///
+    /// [`SnapshotView::write_to`]: crate::snapshot_file::SnapshotView::write_to
     pub fn encode(&self, level: i32) -> Result<Vec<u8>, SnapshotError> {
-        let raw = self.raw_bytes()?;
-        let body = zstd::bulk::compress(&raw, level).map_err(SnapshotError::Compress)?;
-        let mut out = Vec::with_capacity(SNAPSHOT_HEADER_LEN + body.len());
-        out.extend_from_slice(&SNAPSHOT_MAGIC);
-        out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        out.extend_from_slice(&0u16.to_le_bytes());
-        out.extend_from_slice(&(raw.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        let digest = Sha256::new()
-            .chain_update(&out)
-            .chain_update(&body)
-            .finalize();
-        out.extend_from_slice(&digest);
-        out.extend_from_slice(&body);
-        Ok(out)
+        let mut out = std::io::Cursor::new(Vec::new());
+        self.view().write_to(&mut out, level)?;
+        Ok(out.into_inner())
     }
 
     /// Checks and decodes a snapshot.
@@ -170,17 +166,8 @@ impl Snapshot {
         if digest.as_slice() != header.digest {
             return Err(SnapshotError::DigestMismatch);
         }
-        // The header's length was checked against the limit, so this allocation is bounded.
-        let raw = zstd::bulk::decompress(body, header.raw_len as usize)
-            .map_err(SnapshotError::Decompress)?;
-        if raw.len() as u64 != header.raw_len {
-            return Err(SnapshotError::Malformed(format!(
-                "body decompresses to {} bytes, the header says {}",
-                raw.len(),
-                header.raw_len
-            )));
-        }
-        Self::parse_raw(&raw, limits)
+        // Decoded as it decompresses: the state is never held uncompressed beside it.
+        decode_body(body, header.raw_len, limits)
     }
 
     /// The digest that names an encoded snapshot, read from its header (not recomputed).
@@ -191,122 +178,32 @@ impl Snapshot {
         };
         Ok(SnapshotHeader::parse(bytes, &limits)?.digest)
     }
-
-    fn raw_bytes(&self) -> Result<Vec<u8>, SnapshotError> {
-        let swarm = self.swarm_id.as_bytes();
-        let swarm_len = u8::try_from(swarm.len())
-            .map_err(|_| SnapshotError::Malformed("swarm id longer than 255 bytes".into()))?;
-        let count = u32::try_from(self.tensors.len())
-            .map_err(|_| SnapshotError::Malformed("more than 2^32 tensors".into()))?;
-        let data_len: usize = self
-            .tensors
-            .iter()
-            .map(|t| 2 + t.name.len() + 8 + 4 * t.data.len())
-            .sum();
-        let mut raw = Vec::with_capacity(8 + 8 + 8 + 1 + swarm.len() + 32 + 4 + data_len);
-        raw.extend_from_slice(&self.step.to_le_bytes());
-        raw.extend_from_slice(&self.samples.to_le_bytes());
-        raw.extend_from_slice(&self.push_sum_weight.to_le_bytes());
-        raw.push(swarm_len);
-        raw.extend_from_slice(swarm);
-        raw.extend_from_slice(&self.model_fingerprint);
-        raw.extend_from_slice(&count.to_le_bytes());
-        for tensor in &self.tensors {
-            let name_len = u16::try_from(tensor.name.len()).map_err(|_| {
-                SnapshotError::Malformed(format!(
-                    "tensor name {:?}… is too long",
-                    &tensor.name[..16]
-                ))
-            })?;
-            if let Some(index) = tensor.data.iter().position(|v| !v.is_finite()) {
-                return Err(SnapshotError::NonFinite {
-                    tensor: tensor.name.clone(),
-                    index,
-                });
-            }
-            raw.extend_from_slice(&name_len.to_le_bytes());
-            raw.extend_from_slice(tensor.name.as_bytes());
-            raw.extend_from_slice(&(tensor.data.len() as u64).to_le_bytes());
-            for v in &tensor.data {
-                raw.extend_from_slice(&v.to_le_bytes());
-            }
-        }
-        Ok(raw)
-    }
-
-    fn parse_raw(raw: &[u8], limits: &SnapshotLimits) -> Result<Snapshot, SnapshotError> {
-        let mut r = Reader::new(raw);
-        let step = r.u64("step")?;
-        let samples = r.u64("samples")?;
-        let push_sum_weight = r.f64("push_sum_weight")?;
-        if !push_sum_weight.is_finite() || push_sum_weight < 0.0 {
-            return Err(SnapshotError::Malformed(format!(
-                "push-sum weight {push_sum_weight} is not a finite non-negative number"
-            )));
-        }
-        let swarm_len = r.u8("swarm_id length")?;
-        let swarm_id = std::str::from_utf8(r.bytes(usize::from(swarm_len), "swarm_id")?)
-            .map_err(|_| SnapshotError::Malformed("swarm id is not UTF-8".into()))?
-            .to_owned();
-        let model_fingerprint = r.array("model_fingerprint")?;
-        let count = r.u32("tensor count")?;
-        if count > limits.max_tensors {
-            return Err(SnapshotError::Malformed(format!(
-                "{count} tensors, more than the limit of {}",
-                limits.max_tensors
-            )));
-        }
-        let mut tensors = Vec::with_capacity(count.min(64) as usize);
-        for _ in 0..count {
-            let name_len = r.u16("tensor name length")?;
-            let name = std::str::from_utf8(r.bytes(usize::from(name_len), "tensor name")?)
-                .map_err(|_| SnapshotError::Malformed("tensor name is not UTF-8".into()))?
-                .to_owned();
-            let elements = r.u64("tensor elements")?;
-            let byte_len = usize::try_from(elements)
-                .ok()
-                .and_then(|n| n.checked_mul(4))
-                .filter(|&len| len <= r.remaining())
-                .ok_or_else(|| {
-                    SnapshotError::Malformed(format!(
-                        "tensor {name:?} claims {elements} elements, more than the bytes left"
-                    ))
-                })?;
-            let bytes = r.bytes(byte_len, "tensor data")?;
-            let data: Vec<f32> = bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            if let Some(index) = data.iter().position(|v| !v.is_finite()) {
-                return Err(SnapshotError::NonFinite {
-                    tensor: name,
-                    index,
-                });
-            }
-            tensors.push(NamedTensor { name, data });
-        }
-        if r.remaining() != 0 {
-            return Err(SnapshotError::Malformed(format!(
-                "{} trailing bytes",
-                r.remaining()
-            )));
-        }
-        Ok(Snapshot {
-            step,
-            samples,
-            push_sum_weight,
-            swarm_id,
-            model_fingerprint,
-            tensors,
-        })
-    }
 }
 
 /// The fixed header, parsed and checked against the limits.
-struct SnapshotHeader {
-    raw_len: u64,
-    body_len: u64,
-    digest: [u8; 32],
+pub(crate) struct SnapshotHeader {
+    pub(crate) raw_len: u64,
+    pub(crate) body_len: u64,
+    pub(crate) digest: [u8; 32],
+}
+
+/// The header's bytes before the digest, which the digest covers.
+pub(crate) fn digested_prefix(raw_len: u64, body_len: u64) -> [u8; DIGESTED_PREFIX_LEN] {
+    let mut out = [0u8; DIGESTED_PREFIX_LEN];
+    out[..8].copy_from_slice(&SNAPSHOT_MAGIC);
+    out[8..10].copy_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+    // flags: 0
+    out[12..20].copy_from_slice(&raw_len.to_le_bytes());
+    out[20..28].copy_from_slice(&body_len.to_le_bytes());
+    out
+}
+
+/// Parses and checks the fixed header at the start of `bytes`.
+pub(crate) fn parse_header(
+    bytes: &[u8],
+    limits: &SnapshotLimits,
+) -> Result<SnapshotHeader, SnapshotError> {
+    SnapshotHeader::parse(bytes, limits)
 }
 
 impl SnapshotHeader {

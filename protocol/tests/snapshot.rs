@@ -1,9 +1,12 @@
 //! Snapshots round-trip, and every torn, corrupted or hostile one is refused with its own
 //! error before anything large is allocated.
 
+use std::io::{Cursor, Seek, SeekFrom, Write};
+
 use murmur_protocol::snapshot::{
     NamedTensor, SNAPSHOT_HEADER_LEN, Snapshot, SnapshotError, SnapshotLimits,
 };
+use murmur_protocol::snapshot_file::read_snapshot;
 use proptest::prelude::*;
 use sha2::{Digest, Sha256};
 
@@ -181,4 +184,60 @@ fn a_lying_element_count_is_refused_without_allocating_it() {
         Snapshot::decode(&bytes, &SnapshotLimits::default()),
         Err(SnapshotError::Malformed(_))
     ));
+}
+
+/// A snapshot written to a file from a borrowed view is byte for byte what `encode` gives,
+/// at any offset in the file, and reads back from the file without reading past its end.
+#[test]
+fn a_snapshot_streamed_through_a_file_is_the_encoded_one() {
+    let snapshot = sample();
+    let encoded = snapshot.encode(3).unwrap();
+    let mut file = Cursor::new(b"leading bytes".to_vec());
+    file.seek(SeekFrom::End(0)).unwrap();
+    let len = snapshot.view().write_to(&mut file, 3).unwrap();
+    assert_eq!(len, encoded.len() as u64);
+    assert_eq!(
+        file.position(),
+        13 + len,
+        "the position is at the snapshot's end"
+    );
+    file.write_all(b"trailing").unwrap();
+    let bytes = file.get_ref().clone();
+    assert_eq!(&bytes[13..13 + encoded.len()], &encoded[..]);
+
+    file.set_position(13);
+    let read = read_snapshot(&mut file, &SnapshotLimits::default()).unwrap();
+    assert_eq!(read, snapshot);
+}
+
+/// Read from a file, every truncation and every flipped bit is refused as from memory.
+#[test]
+fn a_torn_or_corrupt_file_is_refused() {
+    let bytes = sample().encode(3).unwrap();
+    for len in 0..bytes.len() {
+        let result = read_snapshot(&mut Cursor::new(&bytes[..len]), &SnapshotLimits::default());
+        assert!(
+            matches!(result, Err(SnapshotError::Malformed(ref m)) if m.contains("torn write")),
+            "prefix of {len} bytes gave {result:?}"
+        );
+    }
+    for i in 0..bytes.len() {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x10;
+        let result = read_snapshot(&mut Cursor::new(bad), &SnapshotLimits::default());
+        assert!(result.is_err(), "flipping a bit of byte {i} went unnoticed");
+    }
+}
+
+/// A state that cannot be encoded writes nothing.
+#[test]
+fn a_non_finite_state_writes_no_byte() {
+    let mut snapshot = sample();
+    snapshot.tensors[1].data[3] = f32::NEG_INFINITY;
+    let mut file = Cursor::new(Vec::new());
+    assert!(matches!(
+        snapshot.view().write_to(&mut file, 1),
+        Err(SnapshotError::NonFinite { ref tensor, index: 3 }) if tensor == "adamw.m"
+    ));
+    assert!(file.get_ref().is_empty());
 }

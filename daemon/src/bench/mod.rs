@@ -2,6 +2,7 @@
 
 mod allreduce;
 mod allreduce_peer;
+mod checkpoint;
 mod codecs;
 mod metrics;
 mod quality;
@@ -22,5 +23,6 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Metrics(args) => metrics::run(&args),
         BenchCommand::Train(args) => train::run(&args),
         BenchCommand::Quality(args) => quality::run(&args),
+        BenchCommand::Checkpoint(args) => checkpoint::run(&args),
     }
 }

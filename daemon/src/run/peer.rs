@@ -14,7 +14,8 @@ use murmur_gossip::net::driver::ParcelObserver;
 use murmur_protocol::frame::FrameKind;
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::AveragingMode;
-use murmur_protocol::snapshot::{NamedTensor, Snapshot};
+use murmur_protocol::snapshot::Snapshot;
+use murmur_protocol::snapshot_file::{SnapshotView, TensorView};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use super::progress::{Counters, EvalLosses, Progress};
@@ -376,38 +377,44 @@ impl Peer {
         }
     }
 
-    /// The state at `params`, as checkpoints and joiners receive it: the parameters and
-    /// the optimizer's state as the trainer last shared it (at most
-    /// `OPTIMIZER_SHARE_EVERY` optimizer steps old).
+    /// The state at `params`, as joiners receive it (see [`Peer::write_checkpoint`]).
     pub(crate) fn snapshot(&self, params: &[f32]) -> Snapshot {
-        let mut tensors = vec![NamedTensor {
-            name: "params".into(),
-            data: params.to_vec(),
+        let optimizer = self.optimizer.lock().ok();
+        let names = slot_names(optimizer.as_deref());
+        let steps = steps_tensor(optimizer.as_deref());
+        self.state_view(params, optimizer.as_deref(), &steps, &names)
+            .to_snapshot()
+    }
+
+    /// The state at `params`, borrowed, as checkpoints and joiners receive it: the
+    /// parameters and the optimizer's state as the trainer last shared it (at most
+    /// `OPTIMIZER_SHARE_EVERY` optimizer steps old), whose step count is `steps` and whose
+    /// slots are named `names`.
+    fn state_view<'a>(
+        &'a self,
+        params: &'a [f32],
+        optimizer: Option<&'a OptimizerState>,
+        steps: &'a [f32; 2],
+        names: &'a [String],
+    ) -> SnapshotView<'a> {
+        let mut tensors = vec![TensorView {
+            name: "params",
+            data: params,
         }];
-        if let Ok(optimizer) = self.optimizer.lock()
-            && !optimizer.slots.is_empty()
-        {
-            // Two exact f32 integers of 24 bits each: steps up to 2^48.
-            let steps = optimizer.steps_taken;
-            tensors.push(NamedTensor {
-                name: STEPS_TENSOR.into(),
-                data: vec![
-                    (steps & 0xff_ffff) as f32,
-                    ((steps >> 24) & 0xff_ffff) as f32,
-                ],
+        if let Some(optimizer) = optimizer.filter(|o| !o.slots.is_empty()) {
+            tensors.push(TensorView {
+                name: STEPS_TENSOR,
+                data: steps,
             });
-            for (name, values) in &optimizer.slots {
-                tensors.push(NamedTensor {
-                    name: format!("{OPTIMIZER_PREFIX}{name}"),
-                    data: values.clone(),
-                });
+            for (name, (_, values)) in names.iter().zip(&optimizer.slots) {
+                tensors.push(TensorView { name, data: values });
             }
         }
-        Snapshot {
+        SnapshotView {
             step: self.counters.step,
             samples: self.counters.samples,
             push_sum_weight: 1.0,
-            swarm_id: self.settings.swarm_id.clone(),
+            swarm_id: &self.settings.swarm_id,
             model_fingerprint: self.model_fingerprint,
             tensors,
         }
@@ -446,10 +453,13 @@ impl Peer {
             CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
                 .context("cannot open the checkpoint folder")
                 .and_then(|store| {
-                    let snapshot = self.snapshot(params);
-                    store
-                        .write(&snapshot)
-                        .context("cannot write the checkpoint")
+                    // Written from the trainer's vectors as they are, not from a copy: the
+                    // optimizer's shared state stays locked meanwhile.
+                    let optimizer = self.optimizer.lock().ok();
+                    let names = slot_names(optimizer.as_deref());
+                    let steps = steps_tensor(optimizer.as_deref());
+                    let view = self.state_view(params, optimizer.as_deref(), &steps, &names);
+                    store.write(&view).context("cannot write the checkpoint")
                 });
         self.metrics.daemon.record_checkpoint(written.is_ok());
         let written = written?;
@@ -480,6 +490,26 @@ impl Peer {
 const STEPS_TENSOR: &str = "optimizer.steps_taken";
 /// Prefix of the snapshot tensors holding optimizer slots.
 const OPTIMIZER_PREFIX: &str = "optimizer.slot.";
+
+/// The optimizer's step count as a snapshot tensor: two exact f32 integers of 24 bits
+/// each, so steps up to 2^48.
+fn steps_tensor(optimizer: Option<&OptimizerState>) -> [f32; 2] {
+    let steps = optimizer.map_or(0, |o| o.steps_taken);
+    [
+        (steps & 0xff_ffff) as f32,
+        ((steps >> 24) & 0xff_ffff) as f32,
+    ]
+}
+
+/// The snapshot tensor names of the optimizer's slots.
+fn slot_names(optimizer: Option<&OptimizerState>) -> Vec<String> {
+    optimizer.map_or_else(Vec::new, |o| {
+        o.slots
+            .iter()
+            .map(|(name, _)| format!("{OPTIMIZER_PREFIX}{name}"))
+            .collect()
+    })
+}
 
 /// The optimizer state a snapshot holds, if any.
 pub(crate) fn optimizer_of(snapshot: &Snapshot) -> Option<OptimizerState> {
