@@ -364,7 +364,7 @@ impl Peer {
     /// (training goes on; the next one may succeed).
     pub(crate) fn maybe_checkpoint(&self, params: &[f32]) {
         if self.counters.step.is_multiple_of(STATE_EVERY)
-            && let Err(e) = self.state.publish(&self.snapshot(params))
+            && let Err(e) = self.publish_state(params)
         {
             tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
         }
@@ -377,13 +377,14 @@ impl Peer {
         }
     }
 
-    /// The state at `params`, as joiners receive it (see [`Peer::write_checkpoint`]).
-    pub(crate) fn snapshot(&self, params: &[f32]) -> Snapshot {
+    /// Serves the state at `params` to joiners from now on, encoded from the trainer's
+    /// vectors without a copy of them.
+    fn publish_state(&self, params: &[f32]) -> anyhow::Result<()> {
         let optimizer = self.optimizer.lock().ok();
         let names = slot_names(optimizer.as_deref());
         let steps = steps_tensor(optimizer.as_deref());
-        self.state_view(params, optimizer.as_deref(), &steps, &names)
-            .to_snapshot()
+        self.state
+            .publish(&self.state_view(params, optimizer.as_deref(), &steps, &names))
     }
 
     /// The state at `params`, borrowed, as checkpoints and joiners receive it: the

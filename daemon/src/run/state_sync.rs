@@ -23,6 +23,7 @@ use murmur_protocol::frame::{Frame, FrameLimits};
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{Message, Reject, RejectCode, StateSyncRequest, StateSyncResponse};
 use murmur_protocol::snapshot::{Snapshot, SnapshotLimits};
+use murmur_protocol::snapshot_file::SnapshotView;
 use tokio::sync::mpsc;
 
 /// Payload bytes per response: a control frame holds at most 64 KiB.
@@ -31,8 +32,9 @@ const RANGE_BYTES: u32 = 48 * 1024;
 const WINDOW: usize = 8;
 /// The most bytes a served snapshot may announce (16 GiB).
 const MAX_SNAPSHOT_BYTES: u64 = 1 << 34;
-/// zstd level of served snapshots.
-const LEVEL: i32 = 3;
+/// zstd level of served snapshots: on a model's f32 state level 1 saves as much as level 3
+/// in less time (BENCHMARKS.md, `murmur bench checkpoint`).
+const LEVEL: i32 = 1;
 
 /// An encoded snapshot and its digest.
 #[derive(Debug)]
@@ -53,10 +55,12 @@ pub(crate) struct StateCell {
 impl StateCell {
     /// Replaces the served snapshot; the previous one stays available for downloads that
     /// started from it.
-    pub(crate) fn publish(&self, snapshot: &Snapshot) -> anyhow::Result<()> {
-        let bytes = snapshot
-            .encode(LEVEL)
+    pub(crate) fn publish(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<()> {
+        let mut out = std::io::Cursor::new(Vec::new());
+        snapshot
+            .write_to(&mut out, LEVEL)
             .context("cannot encode the state snapshot")?;
+        let bytes = out.into_inner();
         let digest = Snapshot::digest_of(&bytes).context("cannot read the snapshot digest")?;
         let served = Arc::new(Served { bytes, digest });
         if let Ok(mut cell) = self.inner.lock() {
