@@ -401,7 +401,7 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
         }
     }
     peer.report_set_aside(&set_aside);
-    let (path, snapshot) = latest.found?;
+    let (path, mut snapshot) = latest.found?;
     let tensor = snapshot.tensors.iter().find(|t| t.name == "params");
     let usable = snapshot.swarm_id == peer.settings.swarm_id
         && snapshot.model_fingerprint == peer.model_fingerprint
@@ -416,7 +416,7 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
     params.copy_from_slice(&tensor.data);
     peer.counters.step = snapshot.step;
     peer.counters.samples = snapshot.samples;
-    peer.pending_optimizer = peer::optimizer_of(&snapshot);
+    peer.pending_optimizer = peer::optimizer_of(&mut snapshot);
     tracing::info!(path = %path.display(), step = snapshot.step, "resumed from a checkpoint");
     Some(snapshot.step)
 }
@@ -443,7 +443,7 @@ async fn join_from_swarm(
     };
     let net = peer.net.clone();
     let download = state_sync::download(&net, &servers, &limits, &snapshot_limits);
-    let snapshot = match meet::keep_in_touch(peer, events, membership, clock, download).await {
+    let mut snapshot = match meet::keep_in_touch(peer, events, membership, clock, download).await {
         Ok(snapshot) => snapshot,
         Err(e) => {
             tracing::warn!(
@@ -460,7 +460,7 @@ async fn join_from_swarm(
     match tensor.filter(|_| fits) {
         Some(tensor) => {
             params.copy_from_slice(&tensor.data);
-            peer.pending_optimizer = peer::optimizer_of(&snapshot);
+            peer.pending_optimizer = peer::optimizer_of(&mut snapshot);
             tracing::info!(step = snapshot.step, "started from the swarm's state");
         }
         None => tracing::warn!("the downloaded state is for another swarm or model; ignoring it"),

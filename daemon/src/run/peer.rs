@@ -512,8 +512,10 @@ fn slot_names(optimizer: Option<&OptimizerState>) -> Vec<String> {
     })
 }
 
-/// The optimizer state a snapshot holds, if any.
-pub(crate) fn optimizer_of(snapshot: &Snapshot) -> Option<OptimizerState> {
+/// The optimizer state a snapshot holds, if any, moved out of it (its slots are left
+/// empty): a model's optimizer state is several times its parameters, and a copy would
+/// hold it twice while the peer starts.
+pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
     let steps = snapshot.tensors.iter().find(|t| t.name == STEPS_TENSOR)?;
     let [lo, hi] = steps.data.as_slice() else {
         return None;
@@ -521,11 +523,11 @@ pub(crate) fn optimizer_of(snapshot: &Snapshot) -> Option<OptimizerState> {
     let steps_taken = (*lo as u64) | ((*hi as u64) << 24);
     let slots = snapshot
         .tensors
-        .iter()
+        .iter_mut()
         .filter_map(|t| {
             t.name
                 .strip_prefix(OPTIMIZER_PREFIX)
-                .map(|name| (name.to_owned(), t.data.clone()))
+                .map(|name| (name.to_owned(), std::mem::take(&mut t.data)))
         })
         .collect();
     Some(OptimizerState { steps_taken, slots })
