@@ -294,27 +294,34 @@ fn an_out_of_range_value_exits_2_naming_key_value_and_line() {
     w.check_fails_at(line, "averaging.sgp.out_degree = 0: ");
 }
 
-/// A model whose SGP share cannot travel in one frame (the first share on each edge is the
-/// whole vector in `f32`) is refused before any peer starts, naming the frame limit and
-/// the size it would need; butterfly, which sends parts in chunks, takes the same model,
-/// and `config check` says how large its frames are.
+/// A model whose sync-ring segment cannot travel in one frame is refused before any peer
+/// starts, naming the frame limit and the size it would need; SGP, whose shares travel in
+/// pieces, and butterfly, which sends parts in chunks, take the same model, and `config
+/// check` says how large their frames are.
 #[test]
-fn a_model_whose_sgp_share_outgrows_a_frame_exits_2_naming_the_frame_limit() {
+fn a_model_whose_ring_segment_outgrows_a_frame_exits_2_naming_the_frame_limit() {
     let w = Workflow::new();
     w.edit_line("width = 64", "width = 640");
+    let out = w.check();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(text.contains("an SGP share travels in at most"), "{text}");
+    // Twice as wide: a segment, half the model, outgrows the default frame.
+    w.edit_line("width = 640", "width = 1280");
+    w.edit_line("mode = \"sgp\"", "mode = \"sync-ring\"");
     let line = w.edit_line(
         "max_frame_payload = 16777216",
         "max_frame_payload = 16777216",
     );
     let err = w.check_fails_at(
         line,
-        "net.max_frame_payload = 16777216: an SGP share travels in one frame of",
+        "net.max_frame_payload = 16777216: a sync-ring segment travels in one frame of",
     );
     assert!(
         err.contains("raise net.max_frame_payload (now 16777216) to at least"),
         "{err}"
     );
-    w.edit_line("mode = \"sgp\"", "mode = \"butterfly\"");
+    w.edit_line("mode = \"sync-ring\"", "mode = \"butterfly\"");
     let out = w.check();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -50,6 +50,7 @@ fn swarm(peers: usize, config: ButterflyConfig) -> EngineSwarm {
             accepts_connections: true,
             wall_ms_at_zero: 0,
             seed: 3,
+            max_share_piece: 0,
         },
         heartbeat_ms: 200,
         gossip_ms: 2.0,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use murmur_gossip::Time;
 use murmur_gossip::butterfly::ButterflyConfig;
-use murmur_gossip::engine::{EngineSetup, LocalSgdSettings, ModeSettings};
+use murmur_gossip::engine::{Engine, EngineSetup, LocalSgdSettings, ModeSettings};
 use murmur_gossip::sgp::SgpConfig;
 use murmur_gossip::sim::{ChurnEvent, EngineSwarm, EngineSwarmConfig, Scenario, Workload};
 use murmur_protocol::codec::CodecSpec;
@@ -52,6 +52,7 @@ fn config(mode: ModeSettings, codec: CodecSpec) -> EngineSwarmConfig {
             accepts_connections: true,
             wall_ms_at_zero: 0,
             seed: 7,
+            max_share_piece: 0,
         },
         heartbeat_ms: 200,
         gossip_ms: 5.0,
@@ -197,6 +198,31 @@ fn sgp_trains_every_peer_to_the_swarm_optimum() {
     // what averaging must do is end far closer to the swarm's optimum than any peer alone.
     let (after, solo) = (worst_error(&swarm, 8), solo_error(&swarm, 8));
     assert!(after < 0.3 * solo, "error {after:.3}, alone {solo:.3}");
+}
+
+/// Shares larger than a parcel may carry travel in pieces (here 1,000 bytes: an `f32` share
+/// of 4,096 elements in 17, an `int8` one in 5) and train as whole shares do, every piece
+/// put back together: no parcel is refused as malformed.
+#[test]
+fn sgp_shares_in_pieces_train_every_peer_to_the_swarm_optimum() {
+    for codec in [CodecSpec::F32, CodecSpec::Int8 { block: 64 }] {
+        let mode = ModeSettings::Sgp(SgpConfig::default());
+        let mut config = config(mode, codec);
+        config.setup.max_share_piece = 1000;
+        let mut swarm = EngineSwarm::new(&scenario(8, 3), config).unwrap();
+        run(&mut swarm, 30.0);
+        assert_eq!(swarm.bad_parcels(), 0, "{codec:?}");
+        let received: u64 = (0..8)
+            .map(|id| swarm.engine(id).status().shares_received)
+            .sum();
+        assert!(received > 8 * 100, "{codec:?}: {received} shares received");
+        finish_all(&mut swarm, 8);
+        let (after, solo) = (worst_error(&swarm, 8), solo_error(&swarm, 8));
+        assert!(
+            after < 0.3 * solo,
+            "{codec:?}: error {after:.3}, alone {solo:.3}"
+        );
+    }
 }
 
 /// Sixteen peers with `target_group = 4` average in groups of at most four, and no peer

@@ -29,6 +29,7 @@ fn engine(round: u64) -> ModeEngine<u32> {
         accepts_connections: true,
         wall_ms_at_zero: 0,
         seed: 1,
+        max_share_piece: 0,
     };
     let membership = Membership::new(0u32, Duration::from_secs(1), Time::ZERO);
     let start = Start {

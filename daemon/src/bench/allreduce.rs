@@ -42,7 +42,8 @@ const SILENCE_BOUND: Duration = Duration::from_secs(180);
 /// How long finished peers get to close their connections and exit before they are killed.
 const EXIT_BOUND: Duration = Duration::from_secs(10);
 /// The most elements one tensor frame carries in f32: a frame is at most 64 MiB
-/// (`max_frame_payload` below), and an SGP share or a ring segment travels in one frame.
+/// (`max_frame_payload` below), and a ring segment travels in one frame (an SGP share
+/// travels in pieces).
 const MAX_FRAME_ELEMENTS: usize = 16_000_000;
 /// The most elements of a butterfly or ring vector: every peer holds a few copies of it and
 /// an f64 reference mean, so 64 Mi elements already need about 1.5 GiB per peer.
@@ -189,17 +190,15 @@ fn parse_upload_caps(text: Option<&str>, peers: usize) -> Result<Vec<u64>, BadIn
     Ok(caps)
 }
 
-/// Checks `--elements` for the collective: an SGP share is a whole vector in one frame, a
-/// ring segment a part of it (`elements / peers`), and the butterfly sends its parts in
-/// chunks, so only memory bounds it.
+/// Checks `--elements` for the collective: a ring segment is a part of the vector
+/// (`elements / peers`) in one frame; SGP sends shares in pieces and the butterfly its parts
+/// in chunks, so only memory bounds them.
 fn check_elements(algo: AveragingMode, peers: usize, elements: usize) -> Result<(), BadInput> {
     let frame_mib = MAX_FRAME_PAYLOAD >> 20;
     let (fits, allowed) = match algo {
         AveragingMode::Sgp => (
-            elements <= MAX_FRAME_ELEMENTS,
-            format!(
-                "1 to {MAX_FRAME_ELEMENTS} (a share travels in one frame of at most {frame_mib} MiB)"
-            ),
+            elements <= MAX_VECTOR_ELEMENTS,
+            format!("1 to {MAX_VECTOR_ELEMENTS} (every peer holds a few copies of the vector)"),
         ),
         AveragingMode::SyncRing => (
             elements <= MAX_VECTOR_ELEMENTS
@@ -701,11 +700,10 @@ mod tests {
         assert!(check_elements(AveragingMode::Butterfly, 2, elements).is_ok());
         assert!(check_elements(AveragingMode::SyncRing, 2, elements).is_ok());
         assert!(check_elements(AveragingMode::SyncRing, 8, elements).is_ok());
-        // An SGP share is the whole vector in one frame.
-        let sgp = check_elements(AveragingMode::Sgp, 4, elements).unwrap_err();
-        assert!(sgp.0.contains("--elements 16777216"), "{sgp}");
-        assert!(sgp.0.contains("one frame"), "{sgp}");
-        assert!(check_elements(AveragingMode::Sgp, 4, MAX_FRAME_ELEMENTS).is_ok());
+        // An SGP share travels in pieces: only memory bounds it.
+        assert!(check_elements(AveragingMode::Sgp, 4, elements).is_ok());
+        let sgp = check_elements(AveragingMode::Sgp, 4, MAX_VECTOR_ELEMENTS + 1).unwrap_err();
+        assert!(sgp.0.contains("copies of the vector"), "{sgp}");
     }
 
     #[test]

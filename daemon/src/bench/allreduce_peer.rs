@@ -351,6 +351,7 @@ async fn bench(
         accepts_connections: true,
         wall_ms_at_zero: clock.wall_ms_at_zero,
         seed: args.index as u64 ^ clock.wall_ms_at_zero,
+        max_share_piece: crate::config::frames::share_piece_bytes(loaded.net.max_frame_payload),
     };
     let start = Start {
         // SGP averages the vectors themselves; the round modes average "gradients".

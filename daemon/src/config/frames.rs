@@ -2,8 +2,9 @@
 //! `net.max_frame_payload`, so that `config check` refuses a model whose shares or segments
 //! cannot travel instead of `run` training alone while every send fails.
 //!
-//! - An SGP share is the whole parameter vector in one frame, and the first share on each
-//!   edge is exact (`f32`) whatever the codec.
+//! - An SGP share is the whole parameter vector, and the first share on each edge is exact
+//!   (`f32`) whatever the codec; it travels in pieces of at most a frame, at most
+//!   [`MAX_SHARE_PIECES`] of them, so only a frame too small for that many is refused.
 //! - A sync-ring segment is a `1/g` part of the vector in one frame, for a group of `g`
 //!   peers; groups go ahead from `min_group` members, so the segment can be `1/min_group`.
 //! - Butterfly and local SGD send parts in chunks of `chunk_elements`.
@@ -11,7 +12,7 @@
 use std::fmt;
 
 use murmur_gossip::butterfly::ButterflyConfig;
-use murmur_gossip::engine::ModeSettings;
+use murmur_gossip::engine::{MAX_SHARE_PIECES, ModeSettings};
 use murmur_protocol::codec::{Codec, CodecSpec};
 use murmur_protocol::message::{
     AveragingMode, ChunkAddress, PushSumShare, TensorPartChunk, WireMessage,
@@ -36,7 +37,8 @@ pub(crate) struct FrameNeed {
 /// Which of a mode's frames is the largest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FrameKind {
-    /// The first (exact) SGP share on an edge: the whole vector.
+    /// A piece of the first (exact) SGP share on an edge, the whole vector cut into at most
+    /// [`MAX_SHARE_PIECES`] pieces.
     SgpShare,
     /// A sync-ring segment in a group of `min_group` peers.
     RingSegment {
@@ -87,8 +89,9 @@ impl fmt::Display for FrameNeed {
         match self.what {
             FrameKind::SgpShare => write!(
                 f,
-                "an SGP share travels in one frame of {size} ({elements} parameters; the first \
-                 share on each edge is sent exactly, as f32)"
+                "an SGP share travels in at most {MAX_SHARE_PIECES} pieces of a frame each, \
+                 so frames of at least {size} ({elements} parameters a piece; the first share \
+                 on each edge is sent exactly, as f32)"
             ),
             FrameKind::RingSegment { min_group } => write!(
                 f,
@@ -117,6 +120,23 @@ pub(crate) fn check(need: Option<FrameNeed>, limit: u32) -> Result<(), (&'static
         }
         _ => Ok(()),
     }
+}
+
+/// The bytes of a share's payload one SGP parcel carries in frames of `limit` bytes: the
+/// frame less the share's header.
+pub(crate) fn share_piece_bytes(limit: u32) -> usize {
+    let header = PushSumShare {
+        step: 0,
+        chunk: 0,
+        chunk_count: 1,
+        offset: 0,
+        elements: 0,
+        weight: 1.0,
+        reference_step: None,
+        codec: CodecSpec::F32,
+        payload: &[],
+    };
+    (limit as usize).saturating_sub(header.encoded_len()).max(1)
 }
 
 /// The largest frame `mode` sends for a model of `params` parameters over `codec`.
@@ -170,8 +190,9 @@ pub(crate) fn largest_frame(
                 codec: CodecSpec::F32,
                 payload: &[],
             };
-            let bytes = header.encoded_len() as u64 + encoded(CodecSpec::F32, params);
-            (bytes, params, FrameKind::SgpShare)
+            let piece = params.div_ceil(MAX_SHARE_PIECES as usize);
+            let bytes = header.encoded_len() as u64 + encoded(CodecSpec::F32, piece);
+            (bytes, piece, FrameKind::SgpShare)
         }
         AveragingMode::SyncRing => {
             let min_group = butterfly.min_group.max(1);
@@ -204,15 +225,19 @@ mod tests {
     }
 
     #[test]
-    fn an_sgp_share_is_the_whole_vector_in_f32_whatever_the_codec() {
+    fn an_sgp_share_travels_in_pieces_of_the_whole_vector_in_f32_whatever_the_codec() {
         let int8 = need(AveragingMode::Sgp, "int8:64", 1_000_000);
         let f32 = need(AveragingMode::Sgp, "f32", 1_000_000);
         assert_eq!(int8, f32);
-        assert!(int8.bytes > 4_000_000 && int8.bytes < 4_000_100, "{int8:?}");
-        // The default 16 MiB frame holds a share of just under 4.2M parameters.
-        let limit = 16u64 << 20;
-        assert!(need(AveragingMode::Sgp, "f32", 4_194_000).bytes <= limit);
-        assert!(need(AveragingMode::Sgp, "f32", 4_194_304).bytes > limit);
+        assert_eq!(int8.elements, 16, "1M parameters in 65,536 pieces");
+        // GPT-2 medium's share fits frames of a few KiB; the default 16 MiB frame would
+        // carry a share of 274 billion parameters.
+        let medium = need(AveragingMode::Sgp, "f32", 354_823_168);
+        assert!(medium.bytes < 22_000, "{medium:?}");
+        assert_eq!(check(Some(medium), 16 << 20), Ok(()));
+        assert!(check(Some(medium), 4096).is_err());
+        let piece = share_piece_bytes(16 << 20);
+        assert!(piece < 16 << 20 && piece > (16 << 20) - 100, "{piece}");
     }
 
     #[test]
@@ -238,13 +263,13 @@ mod tests {
 
     #[test]
     fn the_remedy_names_the_key_that_can_fix_it() {
-        let share = need(AveragingMode::Sgp, "f32", 10_000_000);
+        let share = need(AveragingMode::SyncRing, "f32", 20_000_000);
         let (key, how) = share.remedy(16 << 20);
         assert_eq!(key, "net.max_frame_payload");
         assert!(how.contains("at least 40000"), "{how}");
-        let huge = need(AveragingMode::Sgp, "f32", 124_000_000);
+        let huge = need(AveragingMode::SyncRing, "f32", 248_000_000);
         assert_eq!(huge.remedy(16 << 20).0, "averaging.mode");
-        assert!(huge.to_string().contains("first share"), "{huge}");
+        assert!(huge.to_string().contains("sync-ring segment"), "{huge}");
         assert_eq!(check(Some(share), 40_000_100), Ok(()));
         let (key, message) = check(Some(share), 16 << 20).unwrap_err();
         assert_eq!(key, "net.max_frame_payload");

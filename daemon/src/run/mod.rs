@@ -297,6 +297,9 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         accepts_connections: !peer.settings.net.listen_addrs.is_empty(),
         wall_ms_at_zero: clock.wall_ms_at_zero,
         seed: PeerSampling::seed_from_id(&me.to_bytes()) ^ clock.wall_ms_at_zero,
+        max_share_piece: crate::config::frames::share_piece_bytes(
+            peer.settings.net.max_frame_payload,
+        ),
     };
     let engine = ModeEngine::new(&peer.settings.mode, &setup, membership, start)
         .context("cannot start the averaging engine")?;

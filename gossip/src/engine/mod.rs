@@ -39,6 +39,9 @@ mod membership;
 mod mode;
 pub mod rounds;
 pub mod sgp;
+mod sgp_pieces;
+
+pub use sgp_pieces::MAX_PIECES as MAX_SHARE_PIECES;
 pub mod solo;
 mod work;
 

@@ -92,6 +92,9 @@ pub struct EngineSetup {
     pub wall_ms_at_zero: u64,
     /// Seeds this peer's random choices (group ids).
     pub seed: u64,
+    /// SGP: the most bytes of a share's payload in one parcel; a larger share travels in
+    /// pieces. The daemon sets it from `net.max_frame_payload`; 0 sends every share whole.
+    pub max_share_piece: usize,
 }
 
 /// Where a peer starts.
@@ -137,9 +140,9 @@ impl<P: PeerKey> ModeEngine<P> {
                     membership,
                     start.params,
                     start.len,
-                    offset,
-                    setup.batch_size,
+                    (offset, setup.batch_size),
                     config,
+                    setup.max_share_piece,
                 )
                 .map(|e| ModeEngine::Sgp(Box::new(e)))
             }

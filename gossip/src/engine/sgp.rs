@@ -10,13 +10,14 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use murmur_protocol::message::{ShareCancel, ShareReceipt, ShareRefused};
+use murmur_protocol::message::{PushSumShare, ShareCancel, ShareReceipt, ShareRefused};
 
 use crate::parcel::Parcel;
 use crate::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use crate::{PeerKey, Time};
 
 use super::membership::{Beat, Change, MemberEvent, Membership};
+use super::sgp_pieces::{MAX_PIECES, PiecesIn, PiecesOut};
 use super::{
     Engine, EngineError, EngineEvent, EngineInput, EngineOutput, EngineStatus, RefusalFate, Work,
     WorkDone,
@@ -45,6 +46,11 @@ pub struct SgpEngine<P> {
     departed: bool,
     /// When each share was sent, by sequence number.
     sent_at: HashMap<u64, Time>,
+    /// The most payload bytes of a share in one parcel; larger shares go in pieces
+    /// ([`super::sgp_pieces`]). 0: no bound.
+    max_piece: usize,
+    pieces_out: PiecesOut,
+    pieces_in: PiecesIn<P>,
     outputs: VecDeque<EngineOutput<P>>,
     silent: Vec<P>,
 }
@@ -52,14 +58,15 @@ pub struct SgpEngine<P> {
 impl<P: PeerKey> SgpEngine<P> {
     /// The engine of `membership.me()`: a founder holding `params`, or a joiner (`None`)
     /// that starts with no mass and trains once the first share arrives. `step_offset`
-    /// local steps were taken before; `batch_size` samples make one local step.
+    /// local steps were taken before; `batch_size` samples make one local step. A share
+    /// whose payload is longer than `max_piece` bytes travels in pieces (0: never).
     pub fn new(
         membership: Membership<P>,
         params: Option<Vec<f32>>,
         len: usize,
-        step_offset: u64,
-        batch_size: u64,
+        (step_offset, batch_size): (u64, u64),
         config: SgpConfig,
+        max_piece: usize,
     ) -> Result<SgpEngine<P>, EngineError> {
         let me = membership.me();
         let members: Vec<P> = membership.peers().collect();
@@ -80,6 +87,9 @@ impl<P: PeerKey> SgpEngine<P> {
             finished: false,
             departed: false,
             sent_at: HashMap::new(),
+            max_piece,
+            pieces_out: PiecesOut::default(),
+            pieces_in: PiecesIn::default(),
             outputs: VecDeque::new(),
             silent: Vec::new(),
         };
@@ -115,12 +125,7 @@ impl<P: PeerKey> SgpEngine<P> {
                         });
                     };
                     self.sent_at.insert(header.seq, now);
-                    let parcel = Parcel::Share(header.to_wire(elements), payload);
-                    self.outputs.push_back(EngineOutput::Send {
-                        to,
-                        tag: header.seq,
-                        parcel,
-                    });
+                    self.send_share(to, header, elements, payload);
                 }
                 SgpOutput::Receipt { to, step, outcome } => {
                     let parcel = Parcel::ShareReceipt(ShareReceipt { step, outcome });
@@ -143,6 +148,41 @@ impl<P: PeerKey> SgpEngine<P> {
             }
         }
         Ok(())
+    }
+
+    /// Sends a share in one parcel, or in pieces of at most `max_piece` bytes.
+    fn send_share(&mut self, to: P, header: ShareHeader, elements: u32, payload: Vec<u8>) {
+        if self.max_piece == 0 || payload.len() <= self.max_piece {
+            let parcel = Parcel::Share(header.to_wire(elements), payload);
+            self.outputs.push_back(EngineOutput::Send {
+                to,
+                tag: header.seq,
+                parcel,
+            });
+            return;
+        }
+        // `config check` keeps shares within MAX_PIECES pieces of a frame; past that the
+        // pieces grow (and a transport bounded by the frame limit refuses them).
+        let size = self
+            .max_piece
+            .max(payload.len().div_ceil(MAX_PIECES as usize));
+        let pieces = payload.len().div_ceil(size);
+        for (index, bytes) in payload.chunks(size).enumerate() {
+            let mut piece = self.machine.spare_buffer();
+            piece.extend_from_slice(bytes);
+            let wire = PushSumShare {
+                chunk: index as u32,
+                chunk_count: pieces as u32,
+                offset: (index * size) as u64,
+                ..header.to_wire(elements)
+            };
+            self.outputs.push_back(EngineOutput::Send {
+                to,
+                tag: header.seq,
+                parcel: Parcel::Share(wire, piece),
+            });
+        }
+        self.pieces_out.sent(header, payload, pieces as u32);
     }
 
     fn notice(&mut self, to: P, parcel: Parcel<P>) {
@@ -198,20 +238,22 @@ impl<P: PeerKey> SgpEngine<P> {
     fn on_parcel(&mut self, now: Time, from: P, parcel: Parcel<P>) -> Result<(), EngineError> {
         match parcel {
             Parcel::Share(share, payload) => {
-                if share.chunk_count != 1 || share.elements as usize != self.len {
+                if share.elements as usize != self.len {
                     self.bad(from, "a share of the wrong shape".to_owned());
+                } else if share.chunk_count == 1 {
+                    self.fold_in(now, from, &share, &payload);
                 } else {
-                    let header = ShareHeader::from_wire(&share, 0);
-                    if header.reference.is_none() && share.weight > 0.0 {
-                        self.drift_against(&payload, share.weight);
-                    }
-                    let input = SgpInput::ShareReceived {
-                        from,
-                        header,
-                        payload: &payload,
-                    };
-                    if let Err(e) = self.machine.handle(now, input) {
-                        self.refuse(from, share.step, &e);
+                    let machine = &mut self.machine;
+                    let whole = self
+                        .pieces_in
+                        .piece(from, &share, &payload, self.len, || machine.spare_buffer());
+                    match whole {
+                        Ok(Some(whole)) => {
+                            self.fold_in(now, from, &share, &whole);
+                            self.machine.recycle(whole);
+                        }
+                        Ok(None) => {}
+                        Err(reason) => self.bad(from, reason),
                     }
                 }
                 self.machine.recycle(payload);
@@ -263,6 +305,23 @@ impl<P: PeerKey> SgpEngine<P> {
             }
         }
         Ok(())
+    }
+
+    /// Folds in a whole share `payload` from `from`, whose header (of any of its pieces) is
+    /// `share`.
+    fn fold_in(&mut self, now: Time, from: P, share: &PushSumShare<'_>, payload: &[u8]) {
+        let header = ShareHeader::from_wire(share, 0);
+        if header.reference.is_none() && share.weight > 0.0 {
+            self.drift_against(payload, share.weight);
+        }
+        let input = SgpInput::ShareReceived {
+            from,
+            header,
+            payload,
+        };
+        if let Err(e) = self.machine.handle(now, input) {
+            self.refuse(from, share.step, &e);
+        }
     }
 
     /// A share the machine would not take: logged, and its sender told when it can take
@@ -326,6 +385,31 @@ impl<P: PeerKey> SgpEngine<P> {
             self.machine.recycle(parcel.into_payload());
             return Ok(());
         };
+        if self.pieces_out.contains(tag) {
+            self.machine.recycle(payload);
+            let Some(whole) = self.pieces_out.reported(tag, delivered) else {
+                return Ok(());
+            };
+            let share = whole.header.to_wire(share.elements);
+            let parcel = Parcel::Share(share, whole.payload);
+            return self.on_share_sent(now, to, tag, whole.written, parcel);
+        }
+        self.on_share_sent(now, to, tag, delivered, Parcel::Share(share, payload))
+    }
+
+    /// What became of a whole share: written, or given back by the transport.
+    fn on_share_sent(
+        &mut self,
+        now: Time,
+        to: P,
+        tag: u64,
+        delivered: bool,
+        parcel: Parcel<P>,
+    ) -> Result<(), EngineError> {
+        let Parcel::Share(share, payload) = parcel else {
+            self.machine.recycle(parcel.into_payload());
+            return Ok(());
+        };
         let took = self
             .sent_at
             .remove(&tag)
@@ -375,6 +459,9 @@ impl<P: PeerKey> SgpEngine<P> {
     }
 
     fn crashed(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
+        if let Some(incomplete) = self.pieces_in.forget(&peer) {
+            self.machine.recycle(incomplete);
+        }
         self.event(EngineEvent::PeerGone {
             peer,
             remaining: self.membership.len(),

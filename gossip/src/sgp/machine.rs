@@ -350,6 +350,11 @@ impl<P: PeerKey> SgpPeer<P> {
         self.ledger.next_deadline()
     }
 
+    /// An empty buffer from those given back with [`SgpPeer::recycle`], or a new one.
+    pub fn spare_buffer(&mut self) -> Vec<u8> {
+        self.spare_payloads.pop().unwrap_or_default()
+    }
+
     /// Takes back a payload buffer from a sent or received share, to reuse for the next send.
     pub fn recycle(&mut self, mut payload: Vec<u8>) {
         // Enough to cover a step's shares plus a few returns; more would only hold memory.

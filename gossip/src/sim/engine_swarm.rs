@@ -334,6 +334,7 @@ impl EngineSwarm {
                 accepts_connections: true,
                 wall_ms_at_zero: 0,
                 seed: scenario.seed,
+                max_share_piece: 0,
             },
             heartbeat_ms: 1000,
             gossip_ms,
