@@ -125,6 +125,11 @@ pub(crate) fn check(need: Option<FrameNeed>, limit: u32) -> Result<(), (&'static
 /// The bytes of a share's payload one SGP parcel carries in frames of `limit` bytes: the
 /// frame less the share's header.
 pub(crate) fn share_piece_bytes(limit: u32) -> usize {
+    (limit as usize).saturating_sub(share_header_len()).max(1)
+}
+
+/// The bytes of an SGP share's message before its payload.
+fn share_header_len() -> usize {
     let header = PushSumShare {
         step: 0,
         chunk: 0,
@@ -136,7 +141,7 @@ pub(crate) fn share_piece_bytes(limit: u32) -> usize {
         codec: CodecSpec::F32,
         payload: &[],
     };
-    (limit as usize).saturating_sub(header.encoded_len()).max(1)
+    header.encoded_len()
 }
 
 /// The largest frame `mode` sends for a model of `params` parameters over `codec`.
@@ -179,19 +184,8 @@ pub(crate) fn largest_frame(
     let (bytes, elements, what) = match mode {
         AveragingMode::Solo => return None,
         AveragingMode::Sgp => {
-            let header = PushSumShare {
-                step: 0,
-                chunk: 0,
-                chunk_count: 1,
-                offset: 0,
-                elements: 0,
-                weight: 1.0,
-                reference_step: None,
-                codec: CodecSpec::F32,
-                payload: &[],
-            };
             let piece = params.div_ceil(MAX_SHARE_PIECES as usize);
-            let bytes = header.encoded_len() as u64 + encoded(CodecSpec::F32, piece);
+            let bytes = share_header_len() as u64 + encoded(CodecSpec::F32, piece);
             (bytes, piece, FrameKind::SgpShare)
         }
         AveragingMode::SyncRing => {

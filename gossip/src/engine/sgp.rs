@@ -391,25 +391,20 @@ impl<P: PeerKey> SgpEngine<P> {
                 return Ok(());
             };
             let share = whole.header.to_wire(share.elements);
-            let parcel = Parcel::Share(share, whole.payload);
-            return self.on_share_sent(now, to, tag, whole.written, parcel);
+            return self.on_share_sent(now, (to, tag), whole.written, share, whole.payload);
         }
-        self.on_share_sent(now, to, tag, delivered, Parcel::Share(share, payload))
+        self.on_share_sent(now, (to, tag), delivered, share, payload)
     }
 
-    /// What became of a whole share: written, or given back by the transport.
+    /// What became of a whole share `tag` to `to`: written, or given back by the transport.
     fn on_share_sent(
         &mut self,
         now: Time,
-        to: P,
-        tag: u64,
+        (to, tag): (P, u64),
         delivered: bool,
-        parcel: Parcel<P>,
+        share: PushSumShare<'static>,
+        payload: Vec<u8>,
     ) -> Result<(), EngineError> {
-        let Parcel::Share(share, payload) = parcel else {
-            self.machine.recycle(parcel.into_payload());
-            return Ok(());
-        };
         let took = self
             .sent_at
             .remove(&tag)
