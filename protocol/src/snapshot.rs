@@ -144,9 +144,7 @@ impl Snapshot {
     ///
     /// [`SnapshotView::write_to`]: crate::snapshot_file::SnapshotView::write_to
     pub fn encode(&self, level: i32) -> Result<Vec<u8>, SnapshotError> {
-        let mut out = std::io::Cursor::new(Vec::new());
-        self.view().write_to(&mut out, level)?;
-        Ok(out.into_inner())
+        self.view().encode(level)
     }
 
     /// Checks and decodes a snapshot.

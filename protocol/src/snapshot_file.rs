@@ -89,6 +89,18 @@ impl SnapshotView<'_> {
         }
     }
 
+    /// Encodes the snapshot into memory, in a buffer of its exact length: grown as it is
+    /// written instead, a buffer would hold up to twice the bytes and leave the smaller
+    /// ones it outgrew to the allocator on every encode.
+    pub fn encode(&self, level: i32) -> Result<Vec<u8>, SnapshotError> {
+        let bound = SNAPSHOT_HEADER_LEN + zstd::zstd_safe::compress_bound(self.check()? as usize);
+        let mut out = std::io::Cursor::new(Vec::with_capacity(bound));
+        self.write_to(&mut out, level)?;
+        let mut bytes = out.into_inner();
+        bytes.shrink_to_fit();
+        Ok(bytes)
+    }
+
     /// Writes the snapshot into `file` from its current position, compressing with zstd at
     /// `level`, and returns the bytes written; the file's position is then at their end.
     /// Nothing is written when the state cannot be encoded (a non-finite value, a name too

@@ -56,11 +56,9 @@ impl StateCell {
     /// Replaces the served snapshot; the previous one stays available for downloads that
     /// started from it.
     pub(crate) fn publish(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<()> {
-        let mut out = std::io::Cursor::new(Vec::new());
-        snapshot
-            .write_to(&mut out, LEVEL)
+        let bytes = snapshot
+            .encode(LEVEL)
             .context("cannot encode the state snapshot")?;
-        let bytes = out.into_inner();
         let digest = Snapshot::digest_of(&bytes).context("cannot read the snapshot digest")?;
         let served = Arc::new(Served { bytes, digest });
         if let Ok(mut cell) = self.inner.lock() {
