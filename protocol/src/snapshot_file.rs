@@ -93,9 +93,10 @@ impl SnapshotView<'_> {
     /// written instead, a buffer would hold up to twice the bytes and leave the smaller
     /// ones it outgrew to the allocator on every encode.
     pub fn encode(&self, level: i32) -> Result<Vec<u8>, SnapshotError> {
-        let bound = SNAPSHOT_HEADER_LEN + zstd::zstd_safe::compress_bound(self.check()? as usize);
+        let raw_len = self.check()?;
+        let bound = SNAPSHOT_HEADER_LEN + zstd::zstd_safe::compress_bound(raw_len as usize);
         let mut out = std::io::Cursor::new(Vec::with_capacity(bound));
-        self.write_to(&mut out, level)?;
+        self.write_checked(&mut out, level, raw_len)?;
         let mut bytes = out.into_inner();
         bytes.shrink_to_fit();
         Ok(bytes)
@@ -111,6 +112,17 @@ impl SnapshotView<'_> {
         level: i32,
     ) -> Result<u64, SnapshotError> {
         let raw_len = self.check()?;
+        self.write_checked(file, level, raw_len)
+    }
+
+    /// [`SnapshotView::write_to`] once [`SnapshotView::check`] has passed and given
+    /// `raw_len`: the state is scanned for non-finite values once per encode.
+    fn write_checked<F: Read + Write + Seek>(
+        &self,
+        file: &mut F,
+        level: i32,
+        raw_len: u64,
+    ) -> Result<u64, SnapshotError> {
         let start = file.stream_position().map_err(SnapshotError::Io)?;
         file.write_all(&[0; SNAPSHOT_HEADER_LEN])
             .map_err(SnapshotError::Io)?;
