@@ -686,3 +686,53 @@ fn an_exact_edge_carries_at_most_four_unacknowledged_shares() {
     let (_, header, _) = step(&mut a);
     assert_eq!(header.step, 5);
 }
+
+/// An heir too busy to read its streams made a leaver hand it the whole state hundreds of
+/// times a second: each hand-off came back at once and went straight out again. Now the
+/// mass waits, longer after each return in a row, and none of it is lost.
+#[test]
+fn a_hand_off_that_comes_back_goes_out_again_after_a_growing_wait() {
+    use murmur_gossip::sgp::{HANDOFF_RETRY_FIRST, HANDOFF_RETRY_MAX};
+
+    let mut leaver = peer(1, 3, &[3.0, 6.0], SgpConfig::default());
+    outputs(&mut leaver);
+    leaver.handle(T0, SgpInput::Leave).expect("leave");
+    let mut now = T0;
+    let mut wait = HANDOFF_RETRY_FIRST;
+    let mut handed = shares(&outputs(&mut leaver));
+    for round in 0..8 {
+        assert_eq!(handed.len(), 1, "round {round}: one hand-off");
+        let (heir, header, payload) = handed.remove(0);
+        assert_eq!((heir, header.weight), (2, 1.0));
+        let returned = SgpInput::ShareReturned {
+            to: heir,
+            header,
+            payload: &payload,
+            receiver_gone: false,
+        };
+        leaver.handle(now, returned).expect("returned");
+        assert_eq!(
+            leaver.state().weight(),
+            1.0,
+            "round {round}: the mass is back"
+        );
+        assert_eq!(leaver.state().numerator(), [3.0, 6.0]);
+        assert!(shares(&outputs(&mut leaver)).is_empty(), "not at once");
+        assert_eq!(leaver.poll_timeout(), Some(now + wait), "round {round}");
+        // A tick before the wait is over sends nothing.
+        let early = now + wait / 2;
+        leaver.handle(early, SgpInput::Tick).expect("tick");
+        assert!(shares(&outputs(&mut leaver)).is_empty());
+        now = now + wait;
+        leaver.handle(now, SgpInput::Tick).expect("tick");
+        handed = shares(&outputs(&mut leaver));
+        wait = (wait * 2).min(HANDOFF_RETRY_MAX);
+    }
+    assert_eq!(wait, HANDOFF_RETRY_MAX, "the wait stops growing");
+
+    // This time the heir takes it, and the leaver departs with nothing left.
+    let (heir, header, _) = handed.remove(0);
+    settle(&mut leaver, heir, header);
+    assert_eq!(leaver.state().weight(), 0.0);
+    assert_eq!(outputs(&mut leaver), [SgpOutput::Departed]);
+}

@@ -1,6 +1,7 @@
 //! The SGP state machine of one peer: inputs in, shares and step permissions out.
 
 use std::collections::VecDeque;
+use std::time::Duration;
 
 use murmur_protocol::codec::{Codec, CodecSpec};
 use murmur_protocol::message::ShareOutcome;
@@ -165,6 +166,15 @@ pub struct SgpStats {
 /// of the view before it is given up.
 pub const GIVE_UP_AFTER: u32 = 12;
 
+/// How long a leaving peer waits before it hands off again mass whose hand-off came back
+/// (the transport could not write it, or its heir refused it). The wait doubles with each
+/// return in a row, up to [`HANDOFF_RETRY_MAX`], so that an heir too busy to read its
+/// streams is not sent the whole state again within milliseconds, over and over.
+pub const HANDOFF_RETRY_FIRST: Duration = Duration::from_millis(50);
+
+/// The longest wait between two hand-offs of returned mass.
+pub const HANDOFF_RETRY_MAX: Duration = Duration::from_secs(2);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     /// Holds no mass yet: a joiner waiting for its first share.
@@ -175,6 +185,15 @@ enum Phase {
     Leaving,
     /// Holds no mass and expects no confirmation.
     Departed,
+}
+
+/// Where mass folded back into the state came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Absorbed {
+    /// A share another peer sent.
+    Received,
+    /// One of this peer's own shares, taken back.
+    Returned,
 }
 
 /// How much of the peer's mass a share takes.
@@ -203,6 +222,9 @@ pub struct SgpPeer<P> {
     /// Hand-offs sent while leaving; each takes the step `next_step + handoffs`, so that
     /// every share on an edge has its own step for receipts to name.
     handoffs: u64,
+    /// When mass whose hand-off came back goes out again, and the wait after that one.
+    handoff_retry: Option<Time>,
+    handoff_backoff: Duration,
     computing: bool,
     next_seq: u64,
     ledger: Ledger<P>,
@@ -271,6 +293,8 @@ impl<P: PeerKey> SgpPeer<P> {
             phase: Phase::Waiting,
             next_step: 0,
             handoffs: 0,
+            handoff_retry: None,
+            handoff_backoff: HANDOFF_RETRY_FIRST,
             computing: false,
             next_seq: 0,
             ledger: Ledger::new(),
@@ -345,9 +369,13 @@ impl<P: PeerKey> SgpPeer<P> {
         self.outputs.pop_front()
     }
 
-    /// When the peer wants an [`SgpInput::Tick`]: the earliest share deadline.
+    /// When the peer wants an [`SgpInput::Tick`]: the earliest share deadline, or the next
+    /// hand-off of returned mass while leaving.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.ledger.next_deadline()
+        match (self.ledger.next_deadline(), self.handoff_retry) {
+            (Some(deadline), Some(retry)) => Some(deadline.min(retry)),
+            (deadline, retry) => deadline.or(retry),
+        }
     }
 
     /// An empty buffer from those given back with [`SgpPeer::recycle`], or a new one.
@@ -406,7 +434,7 @@ impl<P: PeerKey> SgpPeer<P> {
                     outcome: ShareOutcome::Applied,
                 });
                 self.stats.shares_received += 1;
-                self.after_absorb(now);
+                self.after_absorb(now, Absorbed::Received);
             }
             SgpInput::ShareDelivered { to, seq } => {
                 if let Some(entry) = self.ledger.by_seq(to, seq).filter(|e| !e.written) {
@@ -430,7 +458,7 @@ impl<P: PeerKey> SgpPeer<P> {
                     self.forget(to);
                 }
                 self.stats.shares_returned += 1;
-                self.after_absorb(now);
+                self.after_absorb(now, Absorbed::Returned);
             }
             SgpInput::ShareRefused { by, step } => {
                 match self.ledger.remove_step(by, step) {
@@ -442,7 +470,7 @@ impl<P: PeerKey> SgpPeer<P> {
                     }
                 }
                 self.stats.shares_returned += 1;
-                self.after_absorb(now);
+                self.after_absorb(now, Absorbed::Returned);
             }
             SgpInput::ReceiptReceived {
                 from,
@@ -469,7 +497,13 @@ impl<P: PeerKey> SgpPeer<P> {
                     self.hand_off(now);
                 }
             }
-            SgpInput::Tick => self.expire(now),
+            SgpInput::Tick => {
+                self.expire(now);
+                if self.handoff_retry.is_some_and(|at| at <= now) {
+                    self.handoff_retry = None;
+                    self.hand_off(now);
+                }
+            }
         }
         self.maybe_start_step();
         self.maybe_depart();
@@ -602,11 +636,23 @@ impl<P: PeerKey> SgpPeer<P> {
         }
     }
 
-    fn after_absorb(&mut self, now: Time) {
-        match self.phase {
-            Phase::Waiting => self.phase = Phase::Training,
-            Phase::Leaving => self.hand_off(now),
-            Phase::Training | Phase::Departed => {}
+    fn after_absorb(&mut self, now: Time, absorbed: Absorbed) {
+        match (self.phase, absorbed) {
+            (Phase::Waiting, _) => self.phase = Phase::Training,
+            // Mass that came back goes out again after a wait; every return in a row
+            // doubles it. Mass received meanwhile joins that hand-off.
+            (Phase::Leaving, Absorbed::Returned) => {
+                if self.handoff_retry.is_none() {
+                    self.handoff_retry = Some(now + self.handoff_backoff);
+                    self.handoff_backoff = (self.handoff_backoff * 2).min(HANDOFF_RETRY_MAX);
+                }
+            }
+            (Phase::Leaving, Absorbed::Received) => {
+                if self.handoff_retry.is_none() {
+                    self.hand_off(now);
+                }
+            }
+            (Phase::Training | Phase::Departed, _) => {}
         }
     }
 
@@ -663,7 +709,7 @@ impl<P: PeerKey> SgpPeer<P> {
                 self.take_back(entry)?;
                 self.stats.shares_cancelled += 1;
                 self.stats.shares_returned += 1;
-                self.after_absorb(now);
+                self.after_absorb(now, Absorbed::Returned);
             }
         }
         Ok(())
@@ -750,6 +796,7 @@ impl<P: PeerKey> SgpPeer<P> {
             let alone = self.view.successor(self.me).is_none();
             if handed_off || alone {
                 self.phase = Phase::Departed;
+                self.handoff_retry = None;
                 self.outputs.push_back(SgpOutput::Departed);
             }
         }

@@ -40,7 +40,9 @@
 //! - *Graceful leave*: the leaver hands its whole `(x, w)` to its successor in rank order,
 //!   forwards whatever still arrives, and departs once the transport wrote every hand-off
 //!   (not waiting for receipts, which leavers handing to each other would never settle).
-//!   No mass is lost unless a hand-off's connection dies before its heir applies it.
+//!   No mass is lost unless a hand-off's connection dies before its heir applies it. A
+//!   hand-off that comes back goes out again after [`HANDOFF_RETRY_FIRST`], a wait that
+//!   doubles with each return in a row up to [`HANDOFF_RETRY_MAX`].
 //! - *Crash*: the crashed peer's mass is lost. The survivors' weights stay positive (a
 //!   peer always keeps part of its own mass) and `z = x / w` converges to the weighted
 //!   average of the mass that remains, which is still an average of the initial values.
@@ -78,7 +80,9 @@ mod state;
 
 pub use config::SgpConfig;
 pub use error::SgpError;
-pub use machine::{GIVE_UP_AFTER, SgpInput, SgpOutput, SgpPeer, SgpStats};
+pub use machine::{
+    GIVE_UP_AFTER, HANDOFF_RETRY_FIRST, HANDOFF_RETRY_MAX, SgpInput, SgpOutput, SgpPeer, SgpStats,
+};
 pub use membership::MembershipView;
 pub use schedule::{ExponentialGraph, OutDegree};
 pub use share::ShareHeader;
