@@ -47,6 +47,7 @@ mod rng;
 mod schedule;
 mod task;
 mod threads;
+mod transfer;
 
 pub use batch::{Batch, BatchInputs};
 pub use data::{DataConfig, DataSource, Dataset, PeerSampling, open_dataset};
@@ -61,3 +62,4 @@ pub use optim::{Optimizer, OptimizerConfig};
 pub use schedule::{LrSchedule, ScheduleConfig};
 pub use task::{Task, TaskConfig, TaskPreset};
 pub use threads::{CANDLE_THREADS_ENV, CPU_THREADS_ENV, cpu_threads, set_cpu_threads};
+pub use transfer::{TransferTotals, transfer_totals};

@@ -1,6 +1,6 @@
 //! [`GpuMetrics`]: device memory and device time, registered only when a GPU does work.
 
-use prometheus::{CounterVec, IntGauge, Opts, Registry};
+use prometheus::{CounterVec, IntCounterVec, IntGauge, Opts, Registry};
 
 use super::ObserveError;
 use super::registry::{named, register};
@@ -18,6 +18,7 @@ struct Inner {
     memory_used: IntGauge,
     memory_total: IntGauge,
     kernel_seconds: CounterVec,
+    transfer_bytes: IntCounterVec,
 }
 
 impl GpuMetrics {
@@ -31,14 +32,23 @@ impl GpuMetrics {
                     passes, with the parameter upload, gradient download and the batch's draw) or \
                     a communication kernel.";
         let kernel_seconds = named(name, CounterVec::new(Opts::new(name, help), &["kernel"]))?;
+        let name = "murmur_gpu_transfer_bytes_total";
+        let help = "Bytes the trainer copied between host and device memory (over PCIe on a \
+                    discrete GPU), by direction: to_device or to_host.";
+        let transfer_bytes = named(
+            name,
+            IntCounterVec::new(Opts::new(name, help), &["direction"]),
+        )?;
         let inner = Inner {
             memory_used,
             memory_total,
             kernel_seconds,
+            transfer_bytes,
         };
         register(registry, inner.memory_used.clone())?;
         register(registry, inner.memory_total.clone())?;
         register(registry, inner.kernel_seconds.clone())?;
+        register(registry, inner.transfer_bytes.clone())?;
         Ok(GpuMetrics { inner: Some(inner) })
     }
 
@@ -51,6 +61,18 @@ impl GpuMetrics {
         if let Some(m) = &self.inner {
             m.memory_used.set(saturating_i64(used));
             m.memory_total.set(saturating_i64(total));
+        }
+    }
+
+    /// The trainer copied `to_device` more bytes to the device and `to_host` more back.
+    pub(crate) fn record_transfer(&self, to_device: u64, to_host: u64) {
+        if let Some(m) = &self.inner {
+            m.transfer_bytes
+                .with_label_values(&["to_device"])
+                .inc_by(to_device);
+            m.transfer_bytes
+                .with_label_values(&["to_host"])
+                .inc_by(to_host);
         }
     }
 
@@ -74,7 +96,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn memory_and_kernel_time_are_exported_and_bad_durations_ignored() {
+    fn memory_kernel_time_and_transfers_are_exported_and_bad_durations_ignored() {
         let registry = Registry::new();
         let m = GpuMetrics::register(&registry).expect("registers");
         m.set_memory(3 << 30, 80 << 30);
@@ -83,6 +105,8 @@ mod tests {
         // A negative or NaN duration would make the counter go down or poison it.
         m.record_kernel_time("encode", -1.0);
         m.record_kernel_time("encode", f64::NAN);
+        m.record_transfer(1000, 10);
+        m.record_transfer(500, 0);
         let mut out = Vec::new();
         prometheus::Encoder::encode(
             &prometheus::TextEncoder::new(),
@@ -95,6 +119,8 @@ mod tests {
             "murmur_gpu_memory_used_bytes 3221225472",
             "murmur_gpu_memory_total_bytes 85899345920",
             r#"murmur_gpu_kernel_seconds_total{kernel="encode"} 0.75"#,
+            r#"murmur_gpu_transfer_bytes_total{direction="to_device"} 1500"#,
+            r#"murmur_gpu_transfer_bytes_total{direction="to_host"} 10"#,
         ];
         for line in expect {
             assert!(

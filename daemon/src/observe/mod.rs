@@ -79,6 +79,7 @@
 //! | `murmur_gpu_memory_used_bytes` | gauge | | device memory in use, read after each training step (only when training on a GPU) |
 //! | `murmur_gpu_memory_total_bytes` | gauge | | device memory in all (only when training on a GPU) |
 //! | `murmur_gpu_kernel_seconds_total` | counter | kernel | seconds of device work: `forward_backward` is each step's passes with the parameter upload, gradient download and the draw of its batch (all micro-batches; only when training on a GPU) |
+//! | `murmur_gpu_transfer_bytes_total` | counter | direction | bytes the trainer copied between host and device memory (`to_device`: parameters, batches; `to_host`: gradients, losses), read after each step's passes (only when training on a GPU) |
 //!
 //! The `murmur_net_*` counters without a `codec` label and the throughput gauges are read
 //! from the network layer's own counters when `/metrics` is scraped, once

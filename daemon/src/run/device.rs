@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use candle_core::Device;
-use murmur_trainer::{DeviceError, TrainerDevice};
+use murmur_trainer::{DeviceError, TrainerDevice, TransferTotals};
 use thiserror::Error;
 
 use crate::config::DeviceChoice;
@@ -60,6 +60,8 @@ impl TrainingDevice {
 pub(crate) struct DeviceWatch {
     device: Device,
     gpu: GpuMetrics,
+    /// The trainer's transfer totals at the last report.
+    transferred: TransferTotals,
 }
 
 impl DeviceWatch {
@@ -70,17 +72,25 @@ impl DeviceWatch {
         DeviceWatch {
             device: device.device.clone(),
             gpu,
+            transferred: murmur_trainer::transfer_totals(),
         }
     }
 
     /// One step's passes took `took` (parameter upload, forward, backward and the gradient's
-    /// download, which waits for the device): counts it and reads the memory in use after.
-    pub(crate) fn passes_took(&self, took: Duration) {
+    /// download, which waits for the device): counts it and the bytes copied since the last
+    /// report (evals' included), and reads the memory in use after.
+    pub(crate) fn passes_took(&mut self, took: Duration) {
         if self.device.is_cpu() {
             return;
         }
         self.gpu
             .record_kernel_time(Self::PASSES, took.as_secs_f64());
+        let now = murmur_trainer::transfer_totals();
+        self.gpu.record_transfer(
+            now.to_device.saturating_sub(self.transferred.to_device),
+            now.to_host.saturating_sub(self.transferred.to_host),
+        );
+        self.transferred = now;
         if let Some(memory) = murmur_trainer::device_memory(&self.device) {
             self.gpu.set_memory(memory.used, memory.total);
         }

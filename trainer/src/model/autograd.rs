@@ -12,6 +12,7 @@ use candle_core::{D, Device, Storage, Tensor, Var};
 
 use crate::error::TrainerError;
 use crate::layout::ParamLayout;
+use crate::transfer;
 
 /// The model's parameters as candle tensors, either tracked (`Var`s, for a training step) or
 /// plain (for evaluation, where no graph is recorded).
@@ -39,6 +40,7 @@ impl ParamTensors {
             };
             tensors.push(tensor);
         }
+        transfer::uploaded(device, std::mem::size_of_val(params));
         Ok(Self { tensors })
     }
 
@@ -106,6 +108,7 @@ fn with_host_values(
     let tensor = if tensor.device().is_cpu() {
         tensor.contiguous()?
     } else {
+        transfer::downloaded(tensor.device(), len * std::mem::size_of::<f32>());
         tensor.to_device(&Device::Cpu)?.contiguous()?
     };
     let (storage, layout) = tensor.storage_and_layout();

@@ -13,6 +13,7 @@ use super::gpt_preset::GptSection;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
+use crate::transfer;
 
 /// Standard deviation of GPT-2's weight initialisation.
 const INIT_STD: f32 = 0.02;
@@ -217,6 +218,7 @@ impl Gpt {
         let p = ParamTensors::from_flat(&self.layout, params, &self.device, grad_out.is_some())?;
         let (d, h) = (self.width, self.heads);
         let hd = d / h;
+        transfer::uploaded(&self.device, std::mem::size_of_val(ids));
         let ids = Tensor::from_slice(ids, n, &self.device)?;
         let tok = p.get(0).embedding(&ids)?.reshape((rows, t, d))?;
         let pos = p.get(1).narrow(0, 0, t)?;
@@ -245,11 +247,16 @@ impl Gpt {
         let x = layer_norm(&x, p.get(last), p.get(last + 1), LN_EPS)?;
         let logits = x.matmul(&p.get(0).t()?)?;
         let targets = Tensor::from_slice(&batch.targets, n, &self.device)?;
+        transfer::uploaded(
+            &self.device,
+            std::mem::size_of_val(batch.targets.as_slice()),
+        );
         let loss = cross_entropy(&logits, &targets)?;
         if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
             p.write_grads(&grads, &self.layout, grad_out, write)?;
         }
+        transfer::downloaded(&self.device, std::mem::size_of::<f32>());
         Ok(loss.to_scalar::<f32>()?)
     }
 }

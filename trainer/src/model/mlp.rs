@@ -7,6 +7,7 @@ use super::autograd::{GradWrite, ParamTensors, cross_entropy};
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
+use crate::transfer;
 
 /// Largest width of any layer the config accepts.
 const MAX_WIDTH: usize = 1 << 16;
@@ -158,6 +159,7 @@ impl Mlp {
         let weights =
             ParamTensors::from_flat(&self.layout, params, &self.device, grad_out.is_some())?;
         let mut x = Tensor::from_slice(values, (batch.rows, *width), &self.device)?;
+        transfer::uploaded(&self.device, std::mem::size_of_val(values));
         let layers = self.layout.tensors().len() / 2;
         for layer in 0..layers {
             let w = weights.get(2 * layer);
@@ -172,11 +174,16 @@ impl Mlp {
             }
         }
         let targets = Tensor::from_slice(&batch.targets, batch.rows, &self.device)?;
+        transfer::uploaded(
+            &self.device,
+            std::mem::size_of_val(batch.targets.as_slice()),
+        );
         let loss = cross_entropy(&x, &targets)?;
         if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
             weights.write_grads(&grads, &self.layout, grad_out, write)?;
         }
+        transfer::downloaded(&self.device, std::mem::size_of::<f32>());
         Ok(loss.to_scalar::<f32>()?)
     }
 }
