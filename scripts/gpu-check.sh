@@ -275,69 +275,6 @@ http_get() {
   timeout 10 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}"; printf "GET %s HTTP/1.0\r\n\r\n" "$2" >&3; cat <&3' _ "$1" "$2"
 }
 
-# --- sgp-124m: what SGP costs GPU peers of a GPT-2-small-sized model, and what crosses PCIe ---------
-# Two GPU peers train a 124M-parameter GPT (GPT-2 small's 12 layers, 12 heads, width 768 and
-# vocabulary, context 256) with SGP and int8 shares, then the same two without averaging
-# (the control), one after the other on the same GPU. The cost of averaging is the steady
-# step time of the SGP pair over the control's. While the SGP pair trains, peer 0's
-# /metrics is read twice, 10 s apart: the trainer's bytes to and from the device and the
-# tensor bytes it sent, per step. Measured, not judged: the check fails only if a run fails.
-big=(--peers 2 --steps 40 --json --codec int8:64 --set training.device=cuda
-  --set model.layers=12 --set model.heads=12 --set model.width=768 --set model.context=256
-  --set model.vocab=50257 --set volunteer.cpu_threads=4 --set training.eval_every_steps=1000)
-out="$logs/sgp-124m.log"
-: >"$out"
-# The value of the series `name` (exact, labels included) on a /metrics page; "-" if absent.
-metric() { awk -v n="$1" '$1 == n { v = $2 } END { print (v == "" ? "-" : v) }' <<<"$2"; }
-timeout 400 "$bin/murmur" local "${big[@]}" --mode sgp --out "$work/sgp-124m" >"$work/sgp-124m.json" 2>>"$out" &
-big_pid=$!
-sample=()
-for _ in $(seq 1 1200); do
-  addr="$(grep -m 1 -oE 'serving /metrics, /status and /healthz on http://[0-9.:]+' "$work/sgp-124m/peer-0/murmur.log" 2>/dev/null | sed -E 's|.*http://||')"
-  [[ -n "$addr" ]] && break
-  kill -0 "$big_pid" 2>/dev/null || break
-  sleep 0.1
-done
-if [[ -n "${addr:-}" ]]; then
-  # Wait for the pair's tenth step, then read the page twice, 10 s apart.
-  for _ in $(seq 1 1200); do
-    page="$(http_get "$addr" /metrics 2>/dev/null)"
-    samples="$(metric murmur_training_samples_total "$page")"
-    [[ "$samples" =~ ^[0-9]+$ && "$samples" -ge 160 ]] && break
-    kill -0 "$big_pid" 2>/dev/null || break
-    sleep 0.25
-  done
-  for _ in 1 2; do
-    page="$(http_get "$addr" /metrics 2>/dev/null)"
-    sample+=("$(metric murmur_training_samples_total "$page") $(metric 'murmur_gpu_transfer_bytes_total{direction="to_device"}' "$page") $(metric 'murmur_gpu_transfer_bytes_total{direction="to_host"}' "$page") $(metric murmur_net_tensor_bytes_sent_total "$page")")
-    echo "--- peer 0 /metrics at $(date +%T): samples, to_device, to_host, tensor bytes sent: ${sample[-1]}" >>"$out"
-    grep -E '^murmur_(gpu|training_samples_total|net_tensor_bytes_sent_total|averaging_rounds_total)' <<<"$page" >>"$out"
-    [[ ${#sample[@]} -eq 1 ]] && sleep 10
-  done
-fi
-wait "$big_pid"
-sgp_status=$?
-timeout 400 "$bin/murmur" local "${big[@]}" --mode none --out "$work/none-124m" >"$work/none-124m.json" 2>>"$out"
-none_status=$?
-sgp_json="$(cat "$work/sgp-124m.json")"
-none_json="$(cat "$work/none-124m.json")"
-printf -- '--- sgp\n%s\n--- none\n%s\n' "$sgp_json" "$none_json" >>"$out"
-cp "$work/sgp-124m/peer-0/murmur.log" "$logs/sgp-124m-peer-0.log" 2>/dev/null
-sgp_rate="$(json_field steady_samples_per_s "$sgp_json")"
-none_rate="$(json_field steady_samples_per_s "$none_json")"
-if [[ $sgp_status -eq 0 && $none_status -eq 0 && -n "$sgp_rate" && -n "$none_rate" ]]; then
-  pcie="$(awk -v a="${sample[0]:-}" -v b="${sample[1]:-}" 'BEGIN {
-    if (split(a, x, " ") != 4 || split(b, y, " ") != 4 || index(a b, "-")) { print "PCIe not read: " a " / " b; exit }
-    steps = (y[1] - x[1]) / 16
-    if (steps <= 0) { print "no steps between the two reads"; exit }
-    printf "per step %.0f MB to the device, %.0f MB to the host, %.0f MB of tensor bytes sent (%.1f steps read)",
-      (y[2] - x[2]) / steps / 1e6, (y[3] - x[3]) / steps / 1e6, (y[4] - x[4]) / steps / 1e6, steps }')"
-  pass "$(awk -v s="$sgp_rate" -v n="$none_rate" -v p="$(grep -m 1 -oE ' params=[0-9]+' "$logs/sgp-124m-peer-0.log" | cut -d= -f2)" -v r="$(json_fields peak_rss_bytes "$sgp_json" | paste -sd/ -)" -v l="$(json_field final_eval_loss "$sgp_json")" -v c="$(json_field final_eval_loss "$none_json")" -v q="$pcie" 'BEGIN {
-    printf "sgp-124m (%s parameters) steady %.2f samples/s with SGP int8 against %.2f without averaging: a step takes %.2fx the control'"'"'s; eval loss %.4f vs %.4f; peak RSS %s bytes; %s", p, s, n, n / s, l, c, r, q }')"
-else
-  fail "sgp-124m (exit sgp $sgp_status, none $none_status; $out)"
-fi
-
 # --- murmur run on the GPU -----------------------------------------------------------------------
 swarm="$work/swarm"
 authority="$("$bin/murmur" swarm new --dir "$swarm" --id gpu-check 2>>"$logs/run-setup.log" |
@@ -479,6 +416,69 @@ else
   else
     fail "run-bad-gpu (exit $code; $logs/run-bad-gpu.log)"
   fi
+fi
+
+# --- sgp-124m: what SGP costs GPU peers of a GPT-2-small-sized model, and what crosses PCIe ---------
+# Two GPU peers train a 124M-parameter GPT (GPT-2 small's 12 layers, 12 heads, width 768 and
+# vocabulary, context 256) with SGP and int8 shares, then the same two without averaging
+# (the control), one after the other on the same GPU. The cost of averaging is the steady
+# step time of the SGP pair over the control's. While the SGP pair trains, peer 0's
+# /metrics is read twice, 10 s apart: the trainer's bytes to and from the device and the
+# tensor bytes it sent, per step. Measured, not judged: the check fails only if a run fails.
+big=(--peers 2 --steps 30 --json --codec int8:64 --set training.device=cuda
+  --set model.layers=12 --set model.heads=12 --set model.width=768 --set model.context=256
+  --set model.vocab=50257 --set volunteer.cpu_threads=4 --set training.eval_every_steps=1000)
+out="$logs/sgp-124m.log"
+: >"$out"
+# The value of the series `name` (exact, labels included) on a /metrics page; "-" if absent.
+metric() { awk -v n="$1" '$1 == n { v = $2 } END { print (v == "" ? "-" : v) }' <<<"$2"; }
+timeout 200 "$bin/murmur" local "${big[@]}" --mode sgp --out "$work/sgp-124m" >"$work/sgp-124m.json" 2>>"$out" &
+big_pid=$!
+sample=()
+for _ in $(seq 1 1200); do
+  addr="$(grep -m 1 -oE 'serving /metrics, /status and /healthz on http://[0-9.:]+' "$work/sgp-124m/peer-0/murmur.log" 2>/dev/null | sed -E 's|.*http://||')"
+  [[ -n "$addr" ]] && break
+  kill -0 "$big_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [[ -n "${addr:-}" ]]; then
+  # Wait for the pair's tenth step, then read the page twice, 10 s apart.
+  for _ in $(seq 1 1200); do
+    page="$(http_get "$addr" /metrics 2>/dev/null)"
+    samples="$(metric murmur_training_samples_total "$page")"
+    [[ "$samples" =~ ^[0-9]+$ && "$samples" -ge 160 ]] && break
+    kill -0 "$big_pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  for _ in 1 2; do
+    page="$(http_get "$addr" /metrics 2>/dev/null)"
+    sample+=("$(metric murmur_training_samples_total "$page") $(metric 'murmur_gpu_transfer_bytes_total{direction="to_device"}' "$page") $(metric 'murmur_gpu_transfer_bytes_total{direction="to_host"}' "$page") $(metric murmur_net_tensor_bytes_sent_total "$page")")
+    echo "--- peer 0 /metrics at $(date +%T): samples, to_device, to_host, tensor bytes sent: ${sample[-1]}" >>"$out"
+    grep -E '^murmur_(gpu|training_samples_total|net_tensor_bytes_sent_total|averaging_rounds_total)' <<<"$page" >>"$out"
+    [[ ${#sample[@]} -eq 1 ]] && sleep 10
+  done
+fi
+wait "$big_pid"
+sgp_status=$?
+timeout 200 "$bin/murmur" local "${big[@]}" --mode none --out "$work/none-124m" >"$work/none-124m.json" 2>>"$out"
+none_status=$?
+sgp_json="$(cat "$work/sgp-124m.json")"
+none_json="$(cat "$work/none-124m.json")"
+printf -- '--- sgp\n%s\n--- none\n%s\n' "$sgp_json" "$none_json" >>"$out"
+cp "$work/sgp-124m/peer-0/murmur.log" "$logs/sgp-124m-peer-0.log" 2>/dev/null
+sgp_rate="$(json_field steady_samples_per_s "$sgp_json")"
+none_rate="$(json_field steady_samples_per_s "$none_json")"
+if [[ $sgp_status -eq 0 && $none_status -eq 0 && -n "$sgp_rate" && -n "$none_rate" ]]; then
+  pcie="$(awk -v a="${sample[0]:-}" -v b="${sample[1]:-}" 'BEGIN {
+    if (split(a, x, " ") != 4 || split(b, y, " ") != 4 || index(a b, "-")) { print "PCIe not read: " a " / " b; exit }
+    steps = (y[1] - x[1]) / 16
+    if (steps <= 0) { print "no steps between the two reads"; exit }
+    printf "per step %.0f MB to the device, %.0f MB to the host, %.0f MB of tensor bytes sent (%.1f steps read)",
+      (y[2] - x[2]) / steps / 1e6, (y[3] - x[3]) / steps / 1e6, (y[4] - x[4]) / steps / 1e6, steps }')"
+  pass "$(awk -v s="$sgp_rate" -v n="$none_rate" -v p="$(grep -m 1 -oE ' params=[0-9]+' "$logs/sgp-124m-peer-0.log" | cut -d= -f2)" -v r="$(json_fields peak_rss_bytes "$sgp_json" | paste -sd/ -)" -v l="$(json_field final_eval_loss "$sgp_json")" -v c="$(json_field final_eval_loss "$none_json")" -v q="$pcie" 'BEGIN {
+    printf "sgp-124m (%s parameters) steady %.2f samples/s with SGP int8 against %.2f without averaging: a step takes %.2fx the control'"'"'s; eval loss %.4f vs %.4f; peak RSS %s bytes; %s", p, s, n, n / s, l, c, r, q }')"
+else
+  fail "sgp-124m (exit sgp $sgp_status, none $none_status; $out)"
 fi
 
 # --- summary -------------------------------------------------------------------------------------

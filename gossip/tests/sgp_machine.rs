@@ -736,3 +736,32 @@ fn a_hand_off_that_comes_back_goes_out_again_after_a_growing_wait() {
     assert_eq!(leaver.state().weight(), 0.0);
     assert_eq!(outputs(&mut leaver), [SgpOutput::Departed]);
 }
+
+/// Spare payload buffers kept at most three shares' worth of bytes, and none larger than
+/// one share: an exact first share or a hand-off, four times an int8 share, used to stay
+/// in the pool and be reused for int8 shares, up to eight of them.
+#[test]
+fn spare_buffers_hold_at_most_three_shares_and_none_larger_than_one() {
+    let len = 4096;
+    let mut a = SgpPeer::new(0, 0..4, vec![1.0; len], int8_config()).expect("valid config");
+    let share = murmur_protocol::codec::Codec::new(CodecSpec::Int8 { block: 64 })
+        .expect("codec")
+        .max_encoded_len(len);
+    // An exact share's buffer is freed, not kept.
+    a.recycle(Vec::with_capacity(4 * len));
+    assert_eq!(
+        a.spare_buffer().capacity(),
+        0,
+        "an f32-sized buffer was kept"
+    );
+    // Share-sized buffers are kept up to three shares' worth.
+    for _ in 0..8 {
+        a.recycle(Vec::with_capacity(share));
+    }
+    let mut kept = 0;
+    while a.spare_buffer().capacity() > 0 {
+        kept += 1;
+        assert!(kept <= 8, "the pool never empties");
+    }
+    assert_eq!(kept, 3);
+}

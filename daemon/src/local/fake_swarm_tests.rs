@@ -13,7 +13,8 @@ use super::supervisor::Limits;
 
 /// A peer that prints noise, `ready`, five progress lines (peer 0: `PEER0_ROUNDS`), an eval
 /// and `done`; a restarted peer (its folder has a marker) runs a shorter course. `peer-N` folders named in
-/// `SILENT` go quiet after `ready`; those in `STUBBORN` loop until SIGINT.
+/// `SILENT` go quiet after `ready`; those in `STUBBORN` loop until SIGINT; those in `SLOW`
+/// take 0.6 s a step.
 const FAKE_PEER: &str = r#"
 cfg="$2"
 dir=$(dirname "$cfg")
@@ -30,9 +31,11 @@ case " $STUBBORN " in *" $name "*)
   trap 'echo "{\"event\":\"done\",\"step\":1,\"samples\":16,\"initial_eval_loss\":3.0,\"final_eval_loss\":2.9,\"bytes_sent\":10,\"exit\":\"signal\"}"; exit 0' INT
   while true; do sleep 0.05; done ;;
 esac
+pause=0.1
+case " $SLOW " in *" $name "*) pause=0.6 ;; esac
 i=1
 while [ $i -le $rounds ]; do
-  sleep 0.1
+  sleep $pause
   echo "{\"event\":\"progress\",\"step\":$i,\"samples\":$((i*16)),\"loss\":2.$i,\"samples_per_s\":100.0,\"bytes_sent\":$((i*1000))}"
   i=$((i+1))
 done
@@ -58,6 +61,7 @@ fn limits() -> Limits {
         churn_every: (Duration::from_millis(250), Duration::from_millis(350)),
         restart_after: Duration::from_millis(100),
         overall: Duration::from_secs(60),
+        stall: Duration::from_secs(20),
     }
 }
 
@@ -171,6 +175,28 @@ fn churn_kills_and_restarts_peers_that_then_finish() {
             "not itself: {bootstrap:?}"
         );
     }
+}
+
+/// A 124M-parameter pair on a GPU took 139 s for 20 steps against a planned bound of
+/// 130 s, and was stopped one step short of its summary. Past the bound, a run whose peers
+/// still take steps goes on; one whose peers stopped stepping is stopped.
+#[test]
+fn a_run_past_its_bound_goes_on_while_its_peers_take_steps() {
+    let mut limits = limits();
+    limits.overall = Duration::from_millis(1500);
+    limits.stall = Duration::from_secs(2);
+    let (_tmp, s) = run(2, "SLOW='peer-0 peer-1'", false, &limits);
+    assert!(!s.interrupted, "{:?}", s.notes);
+    assert!(s.wall_s > 2.5, "five steps of 0.6 s, past the 1.5 s bound");
+    assert!(
+        s.peer_results.iter().all(|p| p.status == "finished"),
+        "{s:?}"
+    );
+    assert!(
+        s.notes.iter().any(|n| n.contains("still take steps")),
+        "{:?}",
+        s.notes
+    );
 }
 
 #[test]

@@ -89,6 +89,8 @@ pub(crate) struct PeerRecord {
     /// Whether the current run of the peer printed `ready`.
     pub(crate) ready: bool,
     pub(crate) step: u64,
+    /// When (seconds into the run) its step last went up.
+    pub(crate) stepped_at: Option<f64>,
     pub(crate) loss: Option<f64>,
     pub(crate) eval_loss: Option<f64>,
     pub(crate) samples_per_s: f64,
@@ -155,6 +157,9 @@ impl PeerRecord {
                     self.bytes_per_s = p.bytes_sent.saturating_sub(sent) as f64 / (wall_s - at);
                 }
                 self.last_progress = Some((wall_s, p.bytes_sent));
+                if p.step > self.step {
+                    self.stepped_at = Some(wall_s);
+                }
                 self.step = p.step;
                 // Before its first step a peer has no training loss yet (it prints 0).
                 let loss = (p.step > 0).then_some(p.loss);

@@ -41,8 +41,11 @@ pub(crate) struct Limits {
     pub(crate) churn_every: (Duration, Duration),
     /// A churned peer restarts this long after it was killed.
     pub(crate) restart_after: Duration,
-    /// The whole run.
+    /// The whole run, as planned: past it the run is stopped unless some peer took a step
+    /// within the last `stall` (a large model's steps take longer than the plan's guess).
     pub(crate) overall: Duration,
+    /// How recent a step must be for a run past `overall` to go on.
+    pub(crate) stall: Duration,
 }
 
 impl Limits {
@@ -63,6 +66,7 @@ impl Limits {
             churn_every: (Duration::from_secs(5), Duration::from_secs(10)),
             restart_after: Duration::from_secs(2),
             overall: Duration::from_secs_f64(overall_s),
+            stall: Duration::from_secs(60),
         }
     }
 }
@@ -150,6 +154,7 @@ pub(crate) async fn supervise(
         reaping: Vec::new(),
         rng: StdRng::seed_from_u64(CHURN_SEED),
         next_churn: None,
+        extended: false,
     };
     // SIGINT (Ctrl-C), SIGTERM (a service manager, `kill`) and SIGHUP (a closed terminal)
     // all stop every peer before this process exits.
@@ -200,11 +205,24 @@ struct Supervisor<'a> {
     reaping: Vec<Child>,
     rng: StdRng,
     next_churn: Option<Instant>,
+    /// Whether the run went past `overall` with peers still stepping (noted once).
+    extended: bool,
 }
 
 impl Supervisor<'_> {
     fn wall_s(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+
+    /// Whether a peer still running took a step within the last `stall`.
+    fn still_stepping(&self, now: Instant) -> bool {
+        let now_s = now.duration_since(self.start).as_secs_f64();
+        let stall = self.limits.stall.as_secs_f64();
+        self.records
+            .iter()
+            .filter(|r| r.outcome.is_none())
+            .filter_map(|r| r.stepped_at)
+            .any(|at| now_s - at < stall)
     }
 
     fn all_ended(&self) -> bool {
@@ -313,7 +331,26 @@ impl Supervisor<'_> {
         }
         self.reaping
             .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
-        if self.stopping.is_none() && now >= self.start + self.limits.overall {
+        if self.stopping.is_none()
+            && now >= self.start + self.limits.overall
+            && self.still_stepping(now)
+        {
+            if !self.extended {
+                self.extended = true;
+                let bound = self.limits.overall.as_secs_f64();
+                let stall = self.limits.stall.as_secs();
+                self.note(
+                    format!(
+                        "the run is past its planned {bound:.0} s, but peers still take steps: \
+                         it goes on until none has for {stall} s"
+                    ),
+                    true,
+                );
+            }
+        } else if self.stopping.is_none()
+            && now >= self.start + self.limits.overall
+            && self.records.iter().any(|r| r.outcome.is_none())
+        {
             let bound = self.limits.overall.as_secs_f64();
             self.note(
                 format!("the run is past its bound of {bound:.0} s; stopping every peer"),

@@ -187,6 +187,9 @@ enum Phase {
     Departed,
 }
 
+/// Shares' worth of bytes the spare payload buffers may hold in all.
+const SPARE_SHARES: usize = 3;
+
 /// Where mass folded back into the state came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Absorbed {
@@ -231,6 +234,8 @@ pub struct SgpPeer<P> {
     receipts: Receipts<P>,
     outputs: VecDeque<SgpOutput<P>>,
     spare_payloads: Vec<Vec<u8>>,
+    /// The bytes of a share of the whole vector in this peer's codec (see [`SgpPeer::recycle`]).
+    share_bytes: usize,
     stats: SgpStats,
 }
 
@@ -283,9 +288,14 @@ impl<P: PeerKey> SgpPeer<P> {
             let capacity = config.max_edge_references;
             Some(EdgeReferences::new(codec, capacity, state.len()))
         };
+        let share_bytes = match &edges {
+            Some(edges) => edges.max_encoded_len(state.len()),
+            None => state.len() * std::mem::size_of::<f32>(),
+        };
         Ok(SgpPeer {
             me,
             edges,
+            share_bytes,
             graph: ExponentialGraph::new(config.out_degree),
             config,
             view,
@@ -384,10 +394,20 @@ impl<P: PeerKey> SgpPeer<P> {
     }
 
     /// Takes back a payload buffer from a sent or received share, to reuse for the next send.
+    ///
+    /// The spare buffers hold at most [`SPARE_SHARES`] shares' worth of bytes in all, a
+    /// share being what this peer's codec encodes the whole vector into. A buffer larger
+    /// than that (an exact first share or a hand-off in a quantized swarm) is freed rather
+    /// than kept: reused for quantized shares it would hold four times their bytes.
     pub fn recycle(&mut self, mut payload: Vec<u8>) {
-        // Enough to cover a step's shares plus a few returns; more would only hold memory.
+        // Enough to cover a step's shares and pieces plus a few returns.
         const KEEP: usize = 8;
-        if self.spare_payloads.len() < KEEP {
+        let budget = SPARE_SHARES * self.share_bytes;
+        let held: usize = self.spare_payloads.iter().map(Vec::capacity).sum();
+        if self.spare_payloads.len() < KEEP
+            && payload.capacity() <= self.share_bytes
+            && held + payload.capacity() <= budget
+        {
             payload.clear();
             self.spare_payloads.push(payload);
         }

@@ -88,6 +88,11 @@ impl<P: PeerKey> EdgeReferences<P> {
         }
     }
 
+    /// The most bytes a quantized share of `len` elements takes.
+    pub(crate) fn max_encoded_len(&self, len: usize) -> usize {
+        self.codec.max_encoded_len(len)
+    }
+
     /// Moves `fraction` of `state`'s mass towards `to` at `step`, writing the payload.
     ///
     /// Returns `None`, leaving everything untouched, when the edge to `to` still waits for
