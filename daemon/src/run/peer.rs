@@ -359,11 +359,13 @@ impl Peer {
         }
     }
 
-    /// Refreshes the state served to joiners every [`STATE_EVERY`] local steps, and writes
-    /// a checkpoint after every `checkpoint.every_steps`; a failure is logged, not fatal
+    /// Refreshes the state served to joiners every [`STATE_EVERY`] local steps, or less
+    /// often when encoding it takes long (see `StateCell::refresh_due`), and writes a
+    /// checkpoint after every `checkpoint.every_steps`; a failure is logged, not fatal
     /// (training goes on; the next one may succeed).
     pub(crate) fn maybe_checkpoint(&self, params: &[f32]) {
         if self.counters.step.is_multiple_of(STATE_EVERY)
+            && self.state.refresh_due()
             && let Err(e) = self.publish_state(params)
         {
             tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
