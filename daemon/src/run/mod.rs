@@ -7,6 +7,7 @@
 //! same type the simulator drives), hands it to the driver (`murmur_gossip::net::driver`),
 //! and then only does the engine's work on the trainer and reports ([`train`]).
 
+mod checkpointing;
 mod device;
 mod fault;
 mod meet;
@@ -226,6 +227,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         last_eval_loss: initial_eval_loss,
         loss_floor,
         rate: 0.0,
+        checkpoints: checkpointing::CheckpointWriter::default(),
         settings,
     };
     let resumed_step = resume(&mut peer, &mut params);
@@ -419,7 +421,7 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
     params.copy_from_slice(&tensor.data);
     peer.counters.step = snapshot.step;
     peer.counters.samples = snapshot.samples;
-    peer.pending_optimizer = peer::optimizer_of(&mut snapshot);
+    peer.pending_optimizer = checkpointing::optimizer_of(&mut snapshot);
     tracing::info!(path = %path.display(), step = snapshot.step, "resumed from a checkpoint");
     Some(snapshot.step)
 }
@@ -463,7 +465,7 @@ async fn join_from_swarm(
     match tensor.filter(|_| fits) {
         Some(tensor) => {
             params.copy_from_slice(&tensor.data);
-            peer.pending_optimizer = peer::optimizer_of(&mut snapshot);
+            peer.pending_optimizer = checkpointing::optimizer_of(&mut snapshot);
             tracing::info!(step = snapshot.step, "started from the swarm's state");
         }
         None => tracing::warn!("the downloaded state is for another swarm or model; ignoring it"),

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use murmur_gossip::Parcel;
 use murmur_gossip::engine::{EngineEvent, RefusalFate, RoundReport};
 use murmur_gossip::net::NetHandle;
@@ -14,16 +13,17 @@ use murmur_gossip::net::driver::ParcelObserver;
 use murmur_protocol::frame::FrameKind;
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::AveragingMode;
-use murmur_protocol::snapshot::Snapshot;
-use murmur_protocol::snapshot_file::{SnapshotView, TensorView};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
+use super::checkpointing::{
+    self, CheckpointTarget, CheckpointWriter, StateMeta, slot_names, state_view, steps_tensor,
+};
 use super::progress::{Counters, EvalLosses, Progress};
 use super::settings::RunSettings;
 use super::state_sync::StateCell;
 use super::worker::Worker;
 use super::worker::{Done, Job, OptimizerState, SharedOptimizer};
-use crate::checkpoint::{CheckpointStore, SetAside};
+use crate::checkpoint::SetAside;
 use crate::observe::{Metrics, Refusal, RoundOutcome, RoundSummary, StatusBoard};
 
 /// What the operating system asked of the peer.
@@ -163,6 +163,8 @@ pub(crate) struct Peer {
     pub(crate) loss_floor: Option<f32>,
     /// Samples per second over the recent steps (exponential average).
     pub(crate) rate: f64,
+    /// The checkpoint being written beside training, if any.
+    pub(crate) checkpoints: CheckpointWriter,
 }
 
 impl Peer {
@@ -360,10 +362,11 @@ impl Peer {
     }
 
     /// Refreshes the state served to joiners every [`STATE_EVERY`] local steps, or less
-    /// often when encoding it takes long (see `StateCell::refresh_due`), and writes a
-    /// checkpoint after every `checkpoint.every_steps`; a failure is logged, not fatal
-    /// (training goes on; the next one may succeed).
-    pub(crate) fn maybe_checkpoint(&self, params: &[f32]) {
+    /// often when encoding it takes long (see `StateCell::refresh_due`), and starts a
+    /// checkpoint after every `checkpoint.every_steps`, written beside training (see
+    /// [`checkpointing`]); a failure is logged, not fatal (training goes on; the next one
+    /// may succeed).
+    pub(crate) fn maybe_checkpoint(&mut self, params: &[f32]) {
         if self.counters.step.is_multiple_of(STATE_EVERY)
             && self.state.refresh_due()
             && let Err(e) = self.publish_state(params)
@@ -371,56 +374,26 @@ impl Peer {
             tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
         }
         let every = self.settings.checkpoint_every;
-        if every > 0
-            && self.counters.step.is_multiple_of(every)
-            && let Err(e) = self.write_checkpoint(params)
-        {
-            tracing::warn!(error = format!("{e:#}"), "checkpoint not written");
+        if every > 0 && self.counters.step.is_multiple_of(every) {
+            let (target, meta) = (self.checkpoint_target(), self.state_meta());
+            self.checkpoints.start(&target, meta, params);
         }
     }
 
     /// Serves the state at `params` to joiners from now on, encoded from the trainer's
     /// vectors without a copy of them.
     fn publish_state(&self, params: &[f32]) -> anyhow::Result<()> {
+        let meta = self.state_meta();
         let optimizer = self.optimizer.lock().ok();
         let names = slot_names(optimizer.as_deref());
         let steps = steps_tensor(optimizer.as_deref());
-        self.state
-            .publish(&self.state_view(params, optimizer.as_deref(), &steps, &names))
-    }
-
-    /// The state at `params`, borrowed, as checkpoints and joiners receive it: the
-    /// parameters and the optimizer's state as the trainer last shared it (at most
-    /// `OPTIMIZER_SHARE_EVERY` optimizer steps old), whose step count is `steps` and whose
-    /// slots are named `names`.
-    fn state_view<'a>(
-        &'a self,
-        params: &'a [f32],
-        optimizer: Option<&'a OptimizerState>,
-        steps: &'a [f32; 2],
-        names: &'a [String],
-    ) -> SnapshotView<'a> {
-        let mut tensors = vec![TensorView {
-            name: "params",
-            data: params,
-        }];
-        if let Some(optimizer) = optimizer.filter(|o| !o.slots.is_empty()) {
-            tensors.push(TensorView {
-                name: STEPS_TENSOR,
-                data: steps,
-            });
-            for (name, (_, values)) in names.iter().zip(&optimizer.slots) {
-                tensors.push(TensorView { name, data: values });
-            }
-        }
-        SnapshotView {
-            step: self.counters.step,
-            samples: self.counters.samples,
-            push_sum_weight: 1.0,
-            swarm_id: &self.settings.swarm_id,
-            model_fingerprint: self.model_fingerprint,
-            tensors,
-        }
+        self.state.publish(&state_view(
+            &meta,
+            params,
+            optimizer.as_deref(),
+            &steps,
+            &names,
+        ))
     }
 
     /// Loads optimizer state found at start (checkpoint or download) into the trainer.
@@ -451,88 +424,35 @@ impl Peer {
 
     /// Writes the current state into the checkpoint folder (atomically; beyond the newest
     /// `checkpoint.keep` valid ones, older files are removed and corrupt ones moved aside).
-    pub(crate) fn write_checkpoint(&self, params: &[f32]) -> anyhow::Result<()> {
-        let written =
-            CheckpointStore::open(&self.settings.checkpoint_dir, self.settings.checkpoint_keep)
-                .context("cannot open the checkpoint folder")
-                .and_then(|store| {
-                    // Written from the trainer's vectors as they are, not from a copy: the
-                    // optimizer's shared state stays locked meanwhile.
-                    let optimizer = self.optimizer.lock().ok();
-                    let names = slot_names(optimizer.as_deref());
-                    let steps = steps_tensor(optimizer.as_deref());
-                    let view = self.state_view(params, optimizer.as_deref(), &steps, &names);
-                    store.write(&view).context("cannot write the checkpoint")
-                });
-        self.metrics.daemon.record_checkpoint(written.is_ok());
-        let written = written?;
-        tracing::info!(
-            path = %written.path.display(),
-            step = self.counters.step,
-            "checkpoint written"
-        );
-        self.report_set_aside(&written.set_aside);
-        Ok(())
+    pub(crate) fn write_checkpoint(&mut self, params: &[f32]) -> anyhow::Result<()> {
+        self.checkpoints.wait();
+        checkpointing::write(&self.checkpoint_target(), &self.state_meta(), params)
+    }
+
+    /// Where checkpoints go, and what counts them.
+    fn checkpoint_target(&self) -> CheckpointTarget {
+        CheckpointTarget {
+            dir: self.settings.checkpoint_dir.clone(),
+            keep: self.settings.checkpoint_keep,
+            optimizer: Arc::clone(&self.optimizer),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// What a snapshot of the state now says besides its tensors.
+    fn state_meta(&self) -> StateMeta {
+        StateMeta {
+            step: self.counters.step,
+            samples: self.counters.samples,
+            swarm_id: self.settings.swarm_id.clone(),
+            model_fingerprint: self.model_fingerprint,
+        }
     }
 
     /// Logs and counts corrupt checkpoint files that were moved aside.
     pub(crate) fn report_set_aside(&self, files: &[SetAside]) {
-        for file in files {
-            tracing::warn!(
-                path = %file.from.display(),
-                moved_to = %file.to.display(),
-                reason = %file.reason,
-                "corrupt checkpoint moved aside; it does not count toward checkpoint.keep"
-            );
-        }
-        self.metrics.daemon.record_corrupt_checkpoints(files.len());
+        checkpointing::report_set_aside(&self.metrics, files);
     }
-}
-
-/// Snapshot tensor holding the optimizer's step count.
-const STEPS_TENSOR: &str = "optimizer.steps_taken";
-/// Prefix of the snapshot tensors holding optimizer slots.
-const OPTIMIZER_PREFIX: &str = "optimizer.slot.";
-
-/// The optimizer's step count as a snapshot tensor: two exact f32 integers of 24 bits
-/// each, so steps up to 2^48.
-fn steps_tensor(optimizer: Option<&OptimizerState>) -> [f32; 2] {
-    let steps = optimizer.map_or(0, |o| o.steps_taken);
-    [
-        (steps & 0xff_ffff) as f32,
-        ((steps >> 24) & 0xff_ffff) as f32,
-    ]
-}
-
-/// The snapshot tensor names of the optimizer's slots.
-fn slot_names(optimizer: Option<&OptimizerState>) -> Vec<String> {
-    optimizer.map_or_else(Vec::new, |o| {
-        o.slots
-            .iter()
-            .map(|(name, _)| format!("{OPTIMIZER_PREFIX}{name}"))
-            .collect()
-    })
-}
-
-/// The optimizer state a snapshot holds, if any, moved out of it (its slots are left
-/// empty): a model's optimizer state is several times its parameters, and a copy would
-/// hold it twice while the peer starts.
-pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
-    let steps = snapshot.tensors.iter().find(|t| t.name == STEPS_TENSOR)?;
-    let [lo, hi] = steps.data.as_slice() else {
-        return None;
-    };
-    let steps_taken = (*lo as u64) | ((*hi as u64) << 24);
-    let slots = snapshot
-        .tensors
-        .iter_mut()
-        .filter_map(|t| {
-            t.name
-                .strip_prefix(OPTIMIZER_PREFIX)
-                .map(|name| (name.to_owned(), std::mem::take(&mut t.data)))
-        })
-        .collect();
-    Some(OptimizerState { steps_taken, slots })
 }
 
 /// Local steps between refreshes of the state served to joiners.

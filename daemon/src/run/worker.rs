@@ -37,7 +37,8 @@ pub(crate) struct OptimizerState {
 
 /// The optimizer state as of the last refresh, shared with the run loop (for checkpoints
 /// and state sync). The trainer copies into it every [`OPTIMIZER_SHARE_EVERY`] optimizer
-/// steps, reusing its buffers.
+/// steps, reusing its buffers, unless a checkpoint being written holds it: then that
+/// refresh is skipped rather than waited for.
 pub(crate) type SharedOptimizer = Arc<Mutex<OptimizerState>>;
 
 /// Optimizer steps between refreshes of the shared optimizer state.
@@ -204,14 +205,15 @@ impl WorkerState {
         }
     }
 
-    /// Copies the optimizer's state into the shared cell when a refresh is due.
+    /// Copies the optimizer's state into the shared cell when a refresh is due and no
+    /// checkpoint is being written from it.
     fn share_optimizer(&self) {
         let optimizer = &self.task.optimizer;
         let steps = optimizer.steps_taken();
         if !steps.is_multiple_of(OPTIMIZER_SHARE_EVERY) {
             return;
         }
-        let Ok(mut shared) = self.shared.lock() else {
+        let Ok(mut shared) = self.shared.try_lock() else {
             return;
         };
         shared.steps_taken = steps;

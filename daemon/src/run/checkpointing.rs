@@ -1,0 +1,251 @@
+//! Checkpoints written beside training. At a checkpoint step the parameters are copied and
+//! a thread encodes and writes them, with the optimizer's state as the trainer last shared
+//! it, while the trainer steps on: at GPT-2 small's size with AdamW a checkpoint is 1.3 GB
+//! of zstd and took training 14 s to wait for on a GPU host when it was written inline.
+//!
+//! One checkpoint is written at a time: the next one, and the last one at exit, wait for the
+//! one before. The cost is the copy: the model's f32 bytes, held while the write lasts.
+
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+
+use anyhow::Context as _;
+use murmur_protocol::snapshot::Snapshot;
+use murmur_protocol::snapshot_file::{SnapshotView, TensorView};
+
+use super::worker::{OptimizerState, SharedOptimizer};
+use crate::checkpoint::{CheckpointStore, SetAside};
+use crate::observe::Metrics;
+
+/// Snapshot tensor holding the optimizer's step count.
+const STEPS_TENSOR: &str = "optimizer.steps_taken";
+/// Prefix of the snapshot tensors holding optimizer slots.
+const OPTIMIZER_PREFIX: &str = "optimizer.slot.";
+
+/// What a snapshot says besides its tensors.
+#[derive(Debug, Clone)]
+pub(crate) struct StateMeta {
+    pub(crate) step: u64,
+    pub(crate) samples: u64,
+    pub(crate) swarm_id: String,
+    pub(crate) model_fingerprint: [u8; 32],
+}
+
+/// Where checkpoints go, and what to count them in.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckpointTarget {
+    pub(crate) dir: PathBuf,
+    pub(crate) keep: usize,
+    pub(crate) optimizer: SharedOptimizer,
+    pub(crate) metrics: Metrics,
+}
+
+/// The checkpoint being written, if any.
+#[derive(Debug, Default)]
+pub(crate) struct CheckpointWriter {
+    running: Option<JoinHandle<()>>,
+}
+
+impl CheckpointWriter {
+    /// Writes a checkpoint of `params` on a thread of its own, once the one before it is
+    /// written.
+    pub(crate) fn start(&mut self, target: &CheckpointTarget, meta: StateMeta, params: &[f32]) {
+        self.wait();
+        let target = target.clone();
+        let params = params.to_vec();
+        let spawned = std::thread::Builder::new()
+            .name("checkpoint".into())
+            .spawn(move || {
+                // Counted in `write`; training goes on, and the next one may succeed.
+                if let Err(e) = write(&target, &meta, &params) {
+                    tracing::warn!(error = format!("{e:#}"), "checkpoint not written");
+                }
+            });
+        match spawned {
+            Ok(handle) => self.running = Some(handle),
+            Err(e) => tracing::warn!(error = %e, "checkpoint not written: no thread for it"),
+        }
+    }
+
+    /// Waits until the checkpoint being written, if any, is.
+    pub(crate) fn wait(&mut self) {
+        if let Some(handle) = self.running.take()
+            && handle.join().is_err()
+        {
+            tracing::warn!("the checkpoint thread panicked; that checkpoint was not written");
+        }
+    }
+}
+
+/// Writes a checkpoint of `params` now, logs it and counts it; the caller says what a
+/// failure means.
+pub(crate) fn write(
+    target: &CheckpointTarget,
+    meta: &StateMeta,
+    params: &[f32],
+) -> anyhow::Result<()> {
+    let written = CheckpointStore::open(&target.dir, target.keep)
+        .context("cannot open the checkpoint folder")
+        .and_then(|store| {
+            // The optimizer's shared state stays locked while it is written; the trainer
+            // skips sharing meanwhile (see `Worker::share_optimizer`).
+            let optimizer = target.optimizer.lock().ok();
+            let names = slot_names(optimizer.as_deref());
+            let steps = steps_tensor(optimizer.as_deref());
+            let view = state_view(meta, params, optimizer.as_deref(), &steps, &names);
+            store.write(&view).context("cannot write the checkpoint")
+        });
+    target.metrics.daemon.record_checkpoint(written.is_ok());
+    let written = written?;
+    tracing::info!(path = %written.path.display(), step = meta.step, "checkpoint written");
+    report_set_aside(&target.metrics, &written.set_aside);
+    Ok(())
+}
+
+/// Logs and counts corrupt checkpoint files that were moved aside.
+pub(crate) fn report_set_aside(metrics: &Metrics, files: &[SetAside]) {
+    for file in files {
+        tracing::warn!(
+            path = %file.from.display(),
+            moved_to = %file.to.display(),
+            reason = %file.reason,
+            "corrupt checkpoint moved aside; it does not count toward checkpoint.keep"
+        );
+    }
+    metrics.daemon.record_corrupt_checkpoints(files.len());
+}
+
+/// The state at `params`, borrowed, as checkpoints and joiners receive it: the parameters
+/// and the optimizer's state as the trainer last shared it, whose step count is `steps` and
+/// whose slots are named `names`.
+pub(crate) fn state_view<'a>(
+    meta: &'a StateMeta,
+    params: &'a [f32],
+    optimizer: Option<&'a OptimizerState>,
+    steps: &'a [f32; 2],
+    names: &'a [String],
+) -> SnapshotView<'a> {
+    let mut tensors = vec![TensorView {
+        name: "params",
+        data: params,
+    }];
+    if let Some(optimizer) = optimizer.filter(|o| !o.slots.is_empty()) {
+        tensors.push(TensorView {
+            name: STEPS_TENSOR,
+            data: steps,
+        });
+        for (name, (_, values)) in names.iter().zip(&optimizer.slots) {
+            tensors.push(TensorView { name, data: values });
+        }
+    }
+    SnapshotView {
+        step: meta.step,
+        samples: meta.samples,
+        push_sum_weight: 1.0,
+        swarm_id: &meta.swarm_id,
+        model_fingerprint: meta.model_fingerprint,
+        tensors,
+    }
+}
+
+/// The optimizer's step count as a snapshot tensor: two exact f32 integers of 24 bits
+/// each, so steps up to 2^48.
+pub(crate) fn steps_tensor(optimizer: Option<&OptimizerState>) -> [f32; 2] {
+    let steps = optimizer.map_or(0, |o| o.steps_taken);
+    [
+        (steps & 0xff_ffff) as f32,
+        ((steps >> 24) & 0xff_ffff) as f32,
+    ]
+}
+
+/// The snapshot tensor names of the optimizer's slots.
+pub(crate) fn slot_names(optimizer: Option<&OptimizerState>) -> Vec<String> {
+    optimizer.map_or_else(Vec::new, |o| {
+        o.slots
+            .iter()
+            .map(|(name, _)| format!("{OPTIMIZER_PREFIX}{name}"))
+            .collect()
+    })
+}
+
+/// The optimizer state a snapshot holds, if any, moved out of it (its slots are left
+/// empty): a model's optimizer state is several times its parameters, and a copy would
+/// hold it twice while the peer starts.
+pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
+    let steps = snapshot.tensors.iter().find(|t| t.name == STEPS_TENSOR)?;
+    let [lo, hi] = steps.data.as_slice() else {
+        return None;
+    };
+    let steps_taken = (*lo as u64) | ((*hi as u64) << 24);
+    let slots = snapshot
+        .tensors
+        .iter_mut()
+        .filter_map(|t| {
+            t.name
+                .strip_prefix(OPTIMIZER_PREFIX)
+                .map(|name| (name.to_owned(), std::mem::take(&mut t.data)))
+        })
+        .collect();
+    Some(OptimizerState { steps_taken, slots })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    fn meta(step: u64) -> StateMeta {
+        StateMeta {
+            step,
+            samples: step * 16,
+            swarm_id: "s".into(),
+            model_fingerprint: [3; 32],
+        }
+    }
+
+    /// The trainer stepped on while a 1.5 GB checkpoint was written: here the optimizer's
+    /// shared state is held elsewhere, so the write cannot finish, and starting it must not
+    /// wait for it. Once the state is free the write lands, with the optimizer's slots.
+    #[test]
+    fn a_checkpoint_is_written_beside_the_caller_and_the_next_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
+            steps_taken: 10,
+            slots: vec![("m".into(), vec![0.5; 64])],
+        }));
+        let target = CheckpointTarget {
+            dir: dir.path().to_owned(),
+            keep: 3,
+            optimizer: Arc::clone(&optimizer),
+            metrics: Metrics::disabled(),
+        };
+        let mut writer = CheckpointWriter::default();
+        let held = optimizer.lock().unwrap();
+        let started = Instant::now();
+        writer.start(&target, meta(10), &[1.0; 64]);
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "start waited for the write"
+        );
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
+        assert!(
+            store.latest_valid().unwrap().found.is_none(),
+            "written while held"
+        );
+        drop(held);
+        writer.wait();
+        let (_, snapshot) = store.latest_valid().unwrap().found.expect("written");
+        assert_eq!(snapshot.step, 10);
+        let names: Vec<&str> = snapshot.tensors.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["params", STEPS_TENSOR, "optimizer.slot.m"]);
+
+        // The next one starts once the one before is written; both are kept.
+        writer.start(&target, meta(20), &[2.0; 64]);
+        writer.wait();
+        let (path, snapshot) = store.latest_valid().unwrap().found.expect("written");
+        assert_eq!(snapshot.step, 20, "{}", path.display());
+        assert_eq!(snapshot.tensors[0].data, vec![2.0; 64]);
+    }
+}
