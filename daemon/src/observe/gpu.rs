@@ -39,6 +39,10 @@ impl GpuMetrics {
             name,
             IntCounterVec::new(Opts::new(name, help), &["direction"]),
         )?;
+        // Both series from the start, at 0, so that a rate over them is defined at once.
+        for direction in ["to_device", "to_host"] {
+            transfer_bytes.with_label_values(&[direction]);
+        }
         let inner = Inner {
             memory_used,
             memory_total,
