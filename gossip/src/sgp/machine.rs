@@ -395,7 +395,7 @@ impl<P: PeerKey> SgpPeer<P> {
 
     /// Takes back a payload buffer from a sent or received share, to reuse for the next send.
     ///
-    /// The spare buffers hold at most [`SPARE_SHARES`] shares' worth of bytes in all, a
+    /// The spare buffers hold at most three shares' worth of bytes in all, a
     /// share being what this peer's codec encodes the whole vector into. A buffer larger
     /// than that (an exact first share or a hand-off in a quantized swarm) is freed rather
     /// than kept: reused for quantized shares it would hold four times their bytes.
