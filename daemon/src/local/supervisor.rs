@@ -324,20 +324,13 @@ impl Supervisor<'_> {
         Ok(())
     }
 
-    async fn tick(&mut self) -> anyhow::Result<()> {
-        let now = Instant::now();
-        for peer in 0..self.slots.len() {
-            self.check_peer(peer, now)?;
-        }
-        self.reaping
-            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
-        if self.stopping.is_none()
-            && now >= self.start + self.limits.overall
-            && self.still_stepping(now)
-        {
+    /// Past the planned bound: goes on while some peer still takes steps (noted once),
+    /// else stops every peer still running and fails it.
+    async fn past_the_bound(&mut self, now: Instant) {
+        let bound = self.limits.overall.as_secs_f64();
+        if self.still_stepping(now) {
             if !self.extended {
                 self.extended = true;
-                let bound = self.limits.overall.as_secs_f64();
                 let stall = self.limits.stall.as_secs();
                 self.note(
                     format!(
@@ -347,21 +340,32 @@ impl Supervisor<'_> {
                     true,
                 );
             }
-        } else if self.stopping.is_none()
-            && now >= self.start + self.limits.overall
-            && self.records.iter().any(|r| r.outcome.is_none())
-        {
-            let bound = self.limits.overall.as_secs_f64();
-            self.note(
-                format!("the run is past its bound of {bound:.0} s; stopping every peer"),
-                true,
-            );
-            for record in self.records.iter_mut().filter(|r| r.outcome.is_none()) {
-                record.outcome = Some(Outcome::Failed(format!(
-                    "did not finish within the run's bound of {bound:.0} s"
-                )));
-            }
-            self.stop().await;
+            return;
+        }
+        if self.records.iter().all(|r| r.outcome.is_some()) {
+            return;
+        }
+        self.note(
+            format!("the run is past its bound of {bound:.0} s; stopping every peer"),
+            true,
+        );
+        for record in self.records.iter_mut().filter(|r| r.outcome.is_none()) {
+            record.outcome = Some(Outcome::Failed(format!(
+                "did not finish within the run's bound of {bound:.0} s"
+            )));
+        }
+        self.stop().await;
+    }
+
+    async fn tick(&mut self) -> anyhow::Result<()> {
+        let now = Instant::now();
+        for peer in 0..self.slots.len() {
+            self.check_peer(peer, now)?;
+        }
+        self.reaping
+            .retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
+        if self.stopping.is_none() && now >= self.start + self.limits.overall {
+            self.past_the_bound(now).await;
         }
         if self.stopping.is_none()
             && let Some(after) = self.plan.stop_after

@@ -89,11 +89,9 @@ pub(crate) fn write(
         .and_then(|store| {
             // The optimizer's shared state stays locked while it is written; the trainer
             // skips sharing meanwhile (see `Worker::share_optimizer`).
-            let optimizer = target.optimizer.lock().ok();
-            let names = slot_names(optimizer.as_deref());
-            let steps = steps_tensor(optimizer.as_deref());
-            let view = state_view(meta, params, optimizer.as_deref(), &steps, &names);
-            store.write(&view).context("cannot write the checkpoint")
+            with_state_view(meta, params, &target.optimizer, |view| {
+                store.write(view).context("cannot write the checkpoint")
+            })
         });
     target.metrics.daemon.record_checkpoint(written.is_ok());
     let written = written?;
@@ -115,10 +113,30 @@ pub(crate) fn report_set_aside(metrics: &Metrics, files: &[SetAside]) {
     metrics.daemon.record_corrupt_checkpoints(files.len());
 }
 
-/// The state at `params`, borrowed, as checkpoints and joiners receive it: the parameters
-/// and the optimizer's state as the trainer last shared it, whose step count is `steps` and
-/// whose slots are named `names`.
-pub(crate) fn state_view<'a>(
+/// Calls `use_view` with the state at `params`, borrowed, as checkpoints and joiners
+/// receive it: the parameters and the optimizer's state as the trainer last shared it,
+/// locked for the call.
+pub(crate) fn with_state_view<R>(
+    meta: &StateMeta,
+    params: &[f32],
+    optimizer: &SharedOptimizer,
+    use_view: impl FnOnce(&SnapshotView<'_>) -> R,
+) -> R {
+    let optimizer = optimizer.lock().ok();
+    let names = slot_names(optimizer.as_deref());
+    let steps = steps_tensor(optimizer.as_deref());
+    use_view(&state_view(
+        meta,
+        params,
+        optimizer.as_deref(),
+        &steps,
+        &names,
+    ))
+}
+
+/// The state at `params`, borrowed: the optimizer's slots named `names`, its step count
+/// `steps`.
+fn state_view<'a>(
     meta: &'a StateMeta,
     params: &'a [f32],
     optimizer: Option<&'a OptimizerState>,
@@ -150,7 +168,7 @@ pub(crate) fn state_view<'a>(
 
 /// The optimizer's step count as a snapshot tensor: two exact f32 integers of 24 bits
 /// each, so steps up to 2^48.
-pub(crate) fn steps_tensor(optimizer: Option<&OptimizerState>) -> [f32; 2] {
+fn steps_tensor(optimizer: Option<&OptimizerState>) -> [f32; 2] {
     let steps = optimizer.map_or(0, |o| o.steps_taken);
     [
         (steps & 0xff_ffff) as f32,
@@ -159,7 +177,7 @@ pub(crate) fn steps_tensor(optimizer: Option<&OptimizerState>) -> [f32; 2] {
 }
 
 /// The snapshot tensor names of the optimizer's slots.
-pub(crate) fn slot_names(optimizer: Option<&OptimizerState>) -> Vec<String> {
+fn slot_names(optimizer: Option<&OptimizerState>) -> Vec<String> {
     optimizer.map_or_else(Vec::new, |o| {
         o.slots
             .iter()

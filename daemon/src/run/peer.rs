@@ -15,9 +15,7 @@ use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::AveragingMode;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use super::checkpointing::{
-    self, CheckpointTarget, CheckpointWriter, StateMeta, slot_names, state_view, steps_tensor,
-};
+use super::checkpointing::{self, CheckpointTarget, CheckpointWriter, StateMeta, with_state_view};
 use super::progress::{Counters, EvalLosses, Progress};
 use super::settings::RunSettings;
 use super::state_sync::StateCell;
@@ -383,17 +381,9 @@ impl Peer {
     /// Serves the state at `params` to joiners from now on, encoded from the trainer's
     /// vectors without a copy of them.
     fn publish_state(&self, params: &[f32]) -> anyhow::Result<()> {
-        let meta = self.state_meta();
-        let optimizer = self.optimizer.lock().ok();
-        let names = slot_names(optimizer.as_deref());
-        let steps = steps_tensor(optimizer.as_deref());
-        self.state.publish(&state_view(
-            &meta,
-            params,
-            optimizer.as_deref(),
-            &steps,
-            &names,
-        ))
+        with_state_view(&self.state_meta(), params, &self.optimizer, |view| {
+            self.state.publish(view)
+        })
     }
 
     /// Loads optimizer state found at start (checkpoint or download) into the trainer.
