@@ -97,6 +97,8 @@ mod heartbeat_keeper;
 mod identity;
 mod invites;
 mod metrics;
+mod nat;
+mod nat_events;
 mod partial_frames;
 mod rate_limit;
 mod revocations;
@@ -122,7 +124,8 @@ pub use control::ControlFrame;
 pub use error::NetError;
 pub use handle::{InboundControl, NetHandle, NetInbound};
 pub use identity::NetIdentity;
-pub use metrics::{NetMetrics, NetMetricsSnapshot, PeerTraffic};
+pub use metrics::{ConnectionCounts, NetMetrics, NetMetricsSnapshot, PeerTraffic};
+pub use nat::{Reachability, RelayConfig, RelayReserve};
 pub use tensor_stream::{TensorStreamReader, TensorStreamWriter, TransferStats};
 
 use actor::{NetActor, VERIFIED_INVITES_PER_CONNECTION};
@@ -195,7 +198,8 @@ pub async fn spawn(
     );
     let metrics = Arc::new(NetMetrics::default());
     let handshake_timeout = ValidConfig::ms(raw.handshake_timeout_ms);
-    let behaviour = MurmurBehaviour::new(identity.libp2p(), &config, Arc::clone(&metrics))?;
+    let members = nat::Members::default();
+    let mut failure = None;
     let mut swarm = SwarmBuilder::with_existing_identity(identity.libp2p().clone())
         .with_tokio()
         .with_tcp(
@@ -210,8 +214,21 @@ pub async fn spawn(
             (quic.max_stream_data, quic.max_connection_data) = windows;
             quic
         })
-        .with_behaviour(|_| behaviour)
+        .with_relay_client(noise::Config::new, yamux::Config::default)
         .map_err(|e| NetError::Transport(e.to_string()))?
+        .with_behaviour(|key, relay_client| {
+            MurmurBehaviour::new(key, &config, Arc::clone(&metrics), relay_client, &members)
+                .map_err(|e| {
+                    let text = e.to_string();
+                    failure = Some(e);
+                    Box::<dyn std::error::Error + Send + Sync>::from(text)
+                })
+        })
+        .map_err(|e| {
+            failure
+                .take()
+                .unwrap_or_else(|| NetError::Transport(e.to_string()))
+        })?
         .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
         // The deadline of every transport upgrade (TCP's noise and yamux included; libp2p's
         // default is 10 s): a socket that never finishes its handshake frees its slot then.
@@ -278,6 +295,8 @@ pub async fn spawn(
         ),
         gossip_refusals_warned_at: None,
         gossip_refusals_unwarned: 0,
+        members,
+        nat: nat_events::NatState::default(),
         revocation: revocations::RevocationState::new(
             gossipsub::IdentTopic::new(config.revocation_topic()).hash(),
         ),

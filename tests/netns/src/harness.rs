@@ -37,7 +37,7 @@ use crate::topology::{Topology, peer_address, router_address, tbf_parameters};
 pub const NAMESPACE_PREFIX: &str = "murmur-nt-";
 
 /// Time limit of each `ip`/`tc` call.
-const TOOL_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const TOOL_LIMIT: Duration = Duration::from_secs(10);
 /// How long the delay stage may take to open its TUN device, and to report when stopped.
 const DELAY_STAGE_LIMIT: Duration = Duration::from_secs(10);
 /// The TUN device in the router namespace.
@@ -52,7 +52,7 @@ const PEER_DEVICE: &str = "eth0";
 const PARTITION_PREF: &str = "50";
 
 /// Harnesses created by this process so far; part of each harness's namespace names.
-static HARNESS_COUNT: AtomicU32 = AtomicU32::new(0);
+pub(crate) static HARNESS_COUNT: AtomicU32 = AtomicU32::new(0);
 
 /// A running network of namespaces; dropping it kills every process in them and deletes them.
 #[derive(Debug)]
@@ -407,7 +407,7 @@ impl Drop for Harness {
     }
 }
 
-fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
+pub(crate) fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", namespace])
@@ -415,20 +415,23 @@ fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
     command
 }
 
-fn tool(program: &str, args: &[&str]) -> Result<(), HarnessError> {
+pub(crate) fn tool(program: &str, args: &[&str]) -> Result<(), HarnessError> {
     let mut command = Command::new(program);
     command.args(args);
     run_checked(command, TOOL_LIMIT).map(drop)
 }
 
-fn ip_in(namespace: &str, args: &[&str]) -> Result<(), HarnessError> {
+pub(crate) fn ip_in(namespace: &str, args: &[&str]) -> Result<(), HarnessError> {
     let mut full = vec!["-n", namespace];
     full.extend_from_slice(args);
     tool("ip", &full)
 }
 
 /// Writes `/proc/sys` settings inside `namespace`; optional ones are skipped when absent.
-fn write_sysctls(namespace: &str, settings: &[(&str, &str, bool)]) -> Result<(), HarnessError> {
+pub(crate) fn write_sysctls(
+    namespace: &str,
+    settings: &[(&str, &str, bool)],
+) -> Result<(), HarnessError> {
     // The paths and values are constants of this file, never input, so the script is fixed.
     let script: Vec<String> = settings
         .iter()
@@ -446,7 +449,7 @@ fn write_sysctls(namespace: &str, settings: &[(&str, &str, bool)]) -> Result<(),
     run_checked(command, TOOL_LIMIT).map(drop)
 }
 
-fn check_root() -> Result<(), HarnessError> {
+pub(crate) fn check_root() -> Result<(), HarnessError> {
     // SAFETY: `geteuid` has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     if euid == 0 {
@@ -456,7 +459,7 @@ fn check_root() -> Result<(), HarnessError> {
     }
 }
 
-fn check_tool(program: &'static str, package: &'static str) -> Result<(), HarnessError> {
+pub(crate) fn check_tool(program: &'static str, package: &'static str) -> Result<(), HarnessError> {
     let mut command = Command::new(program);
     command.arg("-V");
     match run_bounded(command, TOOL_LIMIT) {
@@ -474,7 +477,7 @@ fn check_tool(program: &'static str, package: &'static str) -> Result<(), Harnes
 
 /// Deletes namespaces named by harnesses of processes that no longer run (a test killed
 /// before its harness could drop), with everything still running in them.
-fn remove_stale_namespaces() -> Result<(), HarnessError> {
+pub(crate) fn remove_stale_namespaces() -> Result<(), HarnessError> {
     for (name, owner) in harness_namespaces()? {
         if !std::path::Path::new(&format!("/proc/{owner}")).exists() {
             // Harnesses of other test processes may be removing the same one right now.
@@ -529,7 +532,7 @@ fn namespace_exists(namespace: &str) -> bool {
 }
 
 /// Kills every process inside `namespace`, then deletes it.
-fn remove_namespace(namespace: &str) -> Result<(), HarnessError> {
+pub(crate) fn remove_namespace(namespace: &str) -> Result<(), HarnessError> {
     let mut command = Command::new("ip");
     command.args(["netns", "pids", namespace]);
     let pids = run_checked(command, TOOL_LIMIT)?;
