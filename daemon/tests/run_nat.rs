@@ -159,6 +159,28 @@ fn log_time(log: &str, needle: &str) -> Option<f64> {
     Some(hours * 3600.0 + minutes * 60.0 + seconds)
 }
 
+/// Waits until `host`'s `/status` says `reachability`: AutoNAT's verdict comes a probe or
+/// two after start, later when a member it asks is busy with another dial-back.
+fn wait_reachability(
+    network: &NatNetwork,
+    host: NatHost,
+    addr: std::net::SocketAddr,
+    reachability: &str,
+) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let s = status(network, host, addr);
+        if s["reachability"] == reachability {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{host:?} is not {reachability}: {s}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
 fn count(status: &Value, kind: &str) -> u64 {
     status["connections"][kind].as_u64().unwrap_or(0)
 }
@@ -217,15 +239,10 @@ fn behind_cone_nats_members_meet_through_the_relay_then_connect_directly() {
             "{}: the hole punch took {took} s",
             peer.name
         );
-        let s = status(&network, hosts[i], *metrics);
-        assert_eq!(s["reachability"], "private", "{s}");
+        wait_reachability(&network, hosts[i], *metrics, "private");
     }
 
-    let relay_status = status(&network, NatHost::Public, members.relay.1);
-    if relay_status["reachability"] != "public" {
-        eprintln!("--- relay log:\n{}", members.relay.0.log());
-    }
-    assert_eq!(relay_status["reachability"], "public", "{relay_status}");
+    wait_reachability(&network, NatHost::Public, members.relay.1, "public");
 
     // From now on their tensors go directly: the hub sees router-to-router bytes, the
     // relayed connections are gone, and the relay opens no new circuit.
@@ -244,6 +261,25 @@ fn behind_cone_nats_members_meet_through_the_relay_then_connect_directly() {
             .unwrap_or(0.0)
     };
     let circuits_before = circuits(&network, &members);
+    let relayed = |network: &NatNetwork, members: &Members| -> Vec<f64> {
+        members
+            .private
+            .iter()
+            .enumerate()
+            .map(|(i, (_, metrics, _))| {
+                ["sent", "received"]
+                    .iter()
+                    .map(|d| {
+                        let series = format!("murmur_net_relayed_bytes_total{{direction=\"{d}\"}}");
+                        metric(network, hosts[i], *metrics, &series)
+                    })
+                    .sum()
+            })
+            .collect()
+    };
+    // The relayed connection may still be closing: settle first.
+    std::thread::sleep(Duration::from_millis(500));
+    let relayed_before = relayed(&network, &members);
     let direct_before = network.direct_private_bytes().expect("the hub's counter");
     let watch_until = Instant::now() + Duration::from_secs(30);
     let mut direct = 0;
@@ -263,6 +299,14 @@ fn behind_cone_nats_members_meet_through_the_relay_then_connect_directly() {
         assert_eq!(count(&s, "relayed"), 0, "{s}");
     }
     assert_eq!(circuits(&network, &members), circuits_before);
+    let relayed_after = relayed(&network, &members);
+    eprintln!(
+        "relayed bytes (sent + received) per private member: {relayed_before:?} -> {relayed_after:?}; {direct} bytes router to router"
+    );
+    assert_eq!(
+        relayed_after, relayed_before,
+        "bytes still went through the relay"
+    );
     for (peer, _, _) in &mut members.private {
         peer.drain();
         assert!(peer.step() > 0, "{} took no step", peer.name);
@@ -311,15 +355,23 @@ fn behind_symmetric_nats_the_hole_punch_fails_and_the_relay_carries_training() {
         peer.wait_for("both other members", PATIENCE, |l| {
             l.is("progress") && l.u64("peers") == 2
         });
+        wait_reachability(&network, hosts[i], *metrics, "private");
         let s = status(&network, hosts[i], *metrics);
-        assert_eq!(s["reachability"], "private", "{s}");
         assert_eq!(count(&s, "hole_punched"), 0, "{s}");
+        let series = "murmur_net_relayed_bytes_total{direction=\"received\"}";
+        let relayed = metric(&network, hosts[i], *metrics, series);
+        assert!(
+            relayed > 0.0,
+            "{} received nothing through the relay",
+            peer.name
+        );
     }
     let relay_status = status(&network, NatHost::Public, members.relay.1);
     assert!(
         relay_status["connections"]["direct"].as_u64().unwrap_or(0) >= 2,
         "{relay_status}"
     );
+    wait_reachability(&network, NatHost::Public, members.relay.1, "public");
 }
 
 #[test]
@@ -352,6 +404,23 @@ fn a_relayed_connection_ends_at_the_relays_byte_cap_and_training_goes_on() {
     assert!(
         after >= before + 2.0,
         "circuits were not cut at the cap and opened again"
+    );
+    // Whatever a private member moved through the relay, both ways, fits the circuits the
+    // relay opened at the cap each (the relay counts the encrypted bytes it copies, a
+    // member the plaintext it writes and reads, which is less).
+    let (_, metrics, _) = &members.private[0];
+    let moved: f64 = ["sent", "received"]
+        .iter()
+        .map(|d| {
+            let series = format!("murmur_net_relayed_bytes_total{{direction=\"{d}\"}}");
+            metric(&network, NatHost::Private(1), *metrics, &series)
+        })
+        .sum();
+    let bound = after * CIRCUIT_CAP as f64;
+    eprintln!("private1 moved {moved} bytes through the relay; bound {bound}");
+    assert!(
+        moved > 0.0 && moved <= bound,
+        "{moved} bytes relayed, bound {bound}"
     );
     assert!(later.u64("step") > first.u64("step"));
     assert_eq!(later.u64("peers"), 2);
@@ -414,8 +483,9 @@ fn behind_a_router_that_drops_udp_a_member_joins_over_tcp_and_trains() {
     });
     assert_eq!(later.u64("peers"), 2);
     assert!(later.u64("bytes_received") > first.u64("bytes_received"));
+    wait_reachability(&network, NatHost::Private(1), *metrics, "private");
     let s = status(&network, NatHost::Private(1), *metrics);
-    assert_eq!(s["reachability"], "private", "{s}");
+    wait_reachability(&network, NatHost::Public, members.relay.1, "public");
     let bootstrap = s["bootstrap"].as_array().expect("bootstrap dials");
     assert!(
         bootstrap.iter().any(

@@ -77,6 +77,7 @@
 //! | `murmur_net_connections` | gauge | kind (`direct`, `hole_punched`, `relayed`) | open connections by how they were made |
 //! | `murmur_net_hole_punches_total` | counter | result (`succeeded`, `failed`) | DCUtR attempts to turn a relayed connection into a direct one |
 //! | `murmur_net_relay_accepted_total` | counter | request (`reservation`, `circuit`) | relay reservations and relayed connections this peer granted to members (`[net.relay] serve`) |
+//! | `murmur_net_relayed_bytes_total` | counter | direction (`sent`, `received`) | bytes this peer wrote and read on connections through a relay (every stream, framing included) |
 //! | `murmur_net_relay_refused_total` | counter | request (`reservation`, `circuit`) | relay requests refused because the requester is not a member |
 //! | `murmur_process_resident_memory_bytes` | gauge | | resident set size (`/proc/self/status` `VmRSS`) |
 //! | `murmur_process_cpu_seconds_total` | counter | | user + system CPU time, all threads |

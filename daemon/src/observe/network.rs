@@ -210,6 +210,7 @@ struct NetCollector {
     hole_punches: Desc,
     connections: Desc,
     reachability: Desc,
+    relayed_bytes: Desc,
 }
 
 impl NetCollector {
@@ -338,6 +339,11 @@ impl NetCollector {
                 "Open connections by kind: direct, hole_punched (made direct by DCUtR) or relayed.",
                 &["kind"],
             )?,
+            relayed_bytes: describe(
+                "murmur_net_relayed_bytes_total",
+                "Bytes this peer sent and received on connections through a relay, by direction.",
+                &["direction"],
+            )?,
             reachability: describe(
                 "murmur_net_reachability",
                 "What AutoNAT found: 1 for the current state (public, private or unknown), 0 for the others.",
@@ -349,7 +355,7 @@ impl NetCollector {
 
 impl NetCollector {
     /// Relays, hole punches, connection kinds and reachability.
-    fn nat_families(&self, snapshot: &NetMetricsSnapshot) -> [MetricFamily; 5] {
+    fn nat_families(&self, snapshot: &NetMetricsSnapshot) -> [MetricFamily; 6] {
         let counter = MetricType::COUNTER;
         let gauge = MetricType::GAUGE;
         let by = |label: &str, values: &[(&str, u64)], kind: MetricType| {
@@ -414,6 +420,18 @@ impl NetCollector {
                 ),
             ),
             family(&self.reachability, gauge, by("state", &reachability, gauge)),
+            family(
+                &self.relayed_bytes,
+                counter,
+                by(
+                    "direction",
+                    &[
+                        ("sent", snapshot.relayed_bytes_sent),
+                        ("received", snapshot.relayed_bytes_received),
+                    ],
+                    counter,
+                ),
+            ),
         ]
     }
 }
@@ -430,6 +448,7 @@ impl Collector for NetCollector {
         descs.push(&self.hole_punches);
         descs.push(&self.connections);
         descs.push(&self.reachability);
+        descs.push(&self.relayed_bytes);
         descs
     }
 
@@ -581,6 +600,8 @@ pub(super) mod tests {
             relay_circuits_accepted: 28,
             hole_punches_succeeded: 29,
             hole_punches_failed: 30,
+            relayed_bytes_sent: 34,
+            relayed_bytes_received: 35,
             connections: ConnectionCounts {
                 direct: 31,
                 hole_punched: 32,
@@ -657,6 +678,8 @@ pub(super) mod tests {
             r#"murmur_net_reachability{state="unknown"} 0"#.to_owned(),
             r#"murmur_net_reachability{state="public"} 0"#.to_owned(),
             r#"murmur_net_reachability{state="private"} 1"#.to_owned(),
+            r#"murmur_net_relayed_bytes_total{direction="sent"} 34"#.to_owned(),
+            r#"murmur_net_relayed_bytes_total{direction="received"} 35"#.to_owned(),
             format!(
                 r#"murmur_net_peer_throughput_bytes_per_second{{peer="{p1}",direction="upload"}} 2000000"#
             ),

@@ -200,20 +200,29 @@ impl MurmurBehaviour {
     }
 }
 
-/// AutoNAT: probes every `net.reachability_probe_interval_ms` until settled, then ten
-/// times as seldom; any address may be probed (swarms run on LANs and loopback too); only
-/// members are asked and answered (the behaviour is gated).
+/// AutoNAT: the first probe half an interval after start (at most 15 s: a process that
+/// lives shorter never asks), then every `net.reachability_probe_interval_ms` until
+/// settled, then ten times as seldom; any address may be probed (swarms run on LANs and
+/// loopback too); only members are asked and answered (the behaviour is gated). Each
+/// dial-back opens a socket of its own, so a peer dials back at most
+/// [`DIAL_BACKS_PER_INTERVAL`] times an interval, and twice for one peer.
 fn autonat_config(config: &ValidConfig) -> autonat::Config {
     let interval = ValidConfig::ms(config.raw.reachability_probe_interval_ms);
     autonat::Config {
-        boot_delay: Duration::from_secs(1),
+        boot_delay: (interval / 2).min(Duration::from_secs(15)),
         retry_interval: interval,
         refresh_interval: interval.saturating_mul(10),
         throttle_server_period: interval / 2,
+        throttle_clients_global_max: DIAL_BACKS_PER_INTERVAL,
+        throttle_clients_peer_max: 2,
+        throttle_clients_period: interval,
         only_global_ips: false,
         ..autonat::Config::default()
     }
 }
+
+/// Dial-backs this peer makes for others' AutoNAT probes per probe interval, at most.
+const DIAL_BACKS_PER_INTERVAL: usize = 8;
 
 /// The relay's limits from `[net.relay]`, and its rule that members only are served.
 fn relay_config(

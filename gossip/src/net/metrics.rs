@@ -47,6 +47,8 @@ pub struct NetMetrics {
     relay_circuits_accepted: AtomicU64,
     hole_punches_succeeded: AtomicU64,
     hole_punches_failed: AtomicU64,
+    relayed_bytes_sent: AtomicU64,
+    relayed_bytes_received: AtomicU64,
     connections: ConnectionKinds,
     reachability: SharedReachability,
     per_peer: Mutex<HashMap<PeerId, PeerTraffic>>,
@@ -123,6 +125,10 @@ pub struct NetMetricsSnapshot {
     pub hole_punches_succeeded: u64,
     /// DCUtR attempts that failed: the peers stay on their relayed connection.
     pub hole_punches_failed: u64,
+    /// Bytes this peer wrote on connections through a relay (every stream, framing included).
+    pub relayed_bytes_sent: u64,
+    /// Bytes this peer read on connections through a relay.
+    pub relayed_bytes_received: u64,
     /// Open connections by kind, now.
     pub connections: ConnectionCounts,
     /// What AutoNAT found about this peer, now.
@@ -201,6 +207,8 @@ impl NetMetrics {
             relay_circuits_accepted: get(&self.relay_circuits_accepted),
             hole_punches_succeeded: get(&self.hole_punches_succeeded),
             hole_punches_failed: get(&self.hole_punches_failed),
+            relayed_bytes_sent: get(&self.relayed_bytes_sent),
+            relayed_bytes_received: get(&self.relayed_bytes_received),
             connections: ConnectionCounts {
                 direct: get(&self.connections.direct),
                 hole_punched: get(&self.connections.hole_punched),
@@ -243,6 +251,16 @@ impl NetMetrics {
             &self.hole_punches_failed
         };
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `bytes` written (`sent`) or read on a connection through a relay.
+    pub(crate) fn relayed(&self, bytes: u64, sent: bool) {
+        let counter = if sent {
+            &self.relayed_bytes_sent
+        } else {
+            &self.relayed_bytes_received
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// A connection of `kind` opened (`opened`) or closed.

@@ -30,6 +30,12 @@ impl NetActor {
                 ..
             } => {
                 self.anonymous_dials.remove(&connection_id);
+                if is_dial_back(&endpoint) {
+                    // AutoNAT's answer is already on its way over the peer's own
+                    // connection; this one, with its socket of its own, is not needed.
+                    self.swarm.close_connection(connection_id);
+                    return;
+                }
                 self.bootstrap.connected(connection_id, &peer_id);
                 self.nat.opened(connection_id, &endpoint, &self.ctx.metrics);
                 self.on_connected(peer_id, connection_id, &endpoint);
@@ -443,6 +449,19 @@ impl NetActor {
         }
         self.wake_if_ready(&peer);
     }
+}
+
+/// Whether this side dialed `endpoint` from a fresh port: the AutoNAT server's dial-back
+/// to a peer asking whether it is reachable (every other dial of this peer reuses its
+/// listening port).
+fn is_dial_back(endpoint: &ConnectedPoint) -> bool {
+    matches!(
+        endpoint,
+        ConnectedPoint::Dialer {
+            port_use: libp2p::core::transport::PortUse::New,
+            ..
+        }
+    )
 }
 
 /// Whether a hello from an admitted peer, arriving on `connection`, says it restarted.

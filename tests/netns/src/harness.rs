@@ -52,7 +52,7 @@ const PEER_DEVICE: &str = "eth0";
 const PARTITION_PREF: &str = "50";
 
 /// Harnesses created by this process so far; part of each harness's namespace names.
-pub(crate) static HARNESS_COUNT: AtomicU32 = AtomicU32::new(0);
+static HARNESS_COUNT: AtomicU32 = AtomicU32::new(0);
 
 /// A running network of namespaces; dropping it kills every process in them and deletes them.
 #[derive(Debug)]
@@ -88,14 +88,7 @@ impl Harness {
         check_tool("ip", "iproute2")?;
         check_tool("tc", "iproute2")?;
         topology.validate()?;
-        remove_stale_namespaces()?;
-        crate::interrupt::tear_down_on_interrupt();
-
-        let prefix = format!(
-            "{NAMESPACE_PREFIX}{}-{}",
-            std::process::id(),
-            HARNESS_COUNT.fetch_add(1, Ordering::Relaxed)
-        );
+        let prefix = claim_prefix()?;
         let peers = (0..topology.links.len())
             .map(|peer| format!("{prefix}-peer{peer}"))
             .collect();
@@ -407,6 +400,19 @@ impl Drop for Harness {
     }
 }
 
+/// Readies this process for a new network of namespaces: deletes those left by dead
+/// processes, makes SIGINT and SIGTERM remove this process's, and returns the prefix of the
+/// new network's namespace names (`murmur-nt-<pid>-<n>`).
+pub(crate) fn claim_prefix() -> Result<String, HarnessError> {
+    remove_stale_namespaces()?;
+    crate::interrupt::tear_down_on_interrupt();
+    Ok(format!(
+        "{NAMESPACE_PREFIX}{}-{}",
+        std::process::id(),
+        HARNESS_COUNT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
 pub(crate) fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
     let mut command = Command::new("ip");
     command
@@ -477,7 +483,7 @@ pub(crate) fn check_tool(program: &'static str, package: &'static str) -> Result
 
 /// Deletes namespaces named by harnesses of processes that no longer run (a test killed
 /// before its harness could drop), with everything still running in them.
-pub(crate) fn remove_stale_namespaces() -> Result<(), HarnessError> {
+fn remove_stale_namespaces() -> Result<(), HarnessError> {
     for (name, owner) in harness_namespaces()? {
         if !std::path::Path::new(&format!("/proc/{owner}")).exists() {
             // Harnesses of other test processes may be removing the same one right now.

@@ -28,13 +28,12 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::process::Command;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use crate::HarnessError;
 use crate::harness::{
-    HARNESS_COUNT, NAMESPACE_PREFIX, TOOL_LIMIT, check_root, check_tool, in_namespace, ip_in,
-    remove_namespace, remove_stale_namespaces, tool, write_sysctls,
+    TOOL_LIMIT, check_root, check_tool, claim_prefix, in_namespace, ip_in, remove_namespace, tool,
+    write_sysctls,
 };
 use crate::run_checked;
 
@@ -74,13 +73,7 @@ impl NatNetwork {
         check_root()?;
         check_tool("ip", "iproute2")?;
         check_tool("nft", "nftables")?;
-        remove_stale_namespaces()?;
-        crate::interrupt::tear_down_on_interrupt();
-        let prefix = format!(
-            "{NAMESPACE_PREFIX}{}-{}",
-            std::process::id(),
-            HARNESS_COUNT.fetch_add(1, Ordering::Relaxed)
-        );
+        let prefix = claim_prefix()?;
         let mut network = NatNetwork {
             prefix,
             created: Vec::new(),
