@@ -207,12 +207,6 @@ pub(crate) fn render(r: &StatusReport) -> String {
         bytes(r.bytes_sent as f64),
         bytes(r.bytes_received as f64)
     );
-    let c = &r.connections;
-    let _ = writeln!(
-        out,
-        "network   reachability {}   connections {} direct, {} hole-punched, {} relayed",
-        r.reachability, c.direct, c.hole_punched, c.relayed
-    );
     let _ = writeln!(out, "\npeers ({})", r.peers.len());
     if !r.peers.is_empty() {
         let _ = writeln!(
@@ -299,7 +293,7 @@ fn duration(seconds: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{BootstrapStatus, ConnectionsStatus, PeerStatus, RoundStatus};
+    use crate::observe::{BootstrapStatus, PeerStatus, RoundStatus};
 
     fn report() -> StatusReport {
         StatusReport {
@@ -334,12 +328,6 @@ mod tests {
                 reached: None,
                 error: Some("handshake timed out".to_owned()),
             }],
-            reachability: "private".to_owned(),
-            connections: ConnectionsStatus {
-                direct: 2,
-                hole_punched: 1,
-                relayed: 1,
-            },
             last_rounds: vec![RoundStatus {
                 mode: "sgp".to_owned(),
                 outcome: "complete".to_owned(),
@@ -372,7 +360,6 @@ mod tests {
             "coverage 100.0%",
             "(1m15s ago)",
             "bootstrap (1)",
-            "network   reachability private   connections 2 direct, 1 hole-punched, 1 relayed",
             "/ip4/192.0.2.1/udp/7600/quic-v1/p2p/12D3KooWboot  FAILED 3 times in a row: handshake timed out",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");

@@ -5,7 +5,6 @@ mod error;
 mod exec;
 mod harness;
 mod interrupt;
-pub mod nat;
 pub mod packet;
 mod partition;
 mod probe;
