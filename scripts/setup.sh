@@ -35,10 +35,12 @@ if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] && command -v apt-ge
     || echo "setup: could not install fonts-dejavu-core; loss.png will have no text" >&2
 fi
 
-# ip, tc (iproute2) and ping (iputils-ping): the network-namespace harness in tests/netns.
+# ip, tc (iproute2), ping (iputils-ping) and nft (nftables): the network-namespace harness in
+# tests/netns and the NAT tests (daemon/tests/run_nat.rs).
 netns_packages=""
 if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1; then netns_packages="iproute2"; fi
 if ! command -v ping >/dev/null 2>&1; then netns_packages="$netns_packages iputils-ping"; fi
+if ! command -v nft >/dev/null 2>&1; then netns_packages="$netns_packages nftables"; fi
 if [ -n "$netns_packages" ]; then
   if command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${netns_packages# }" >&2
@@ -49,7 +51,7 @@ if [ -n "$netns_packages" ]; then
         && DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends $netns_packages >/dev/null; } \
       || echo "setup: could not install ${netns_packages# }; the tests in tests/netns will fail" >&2
   else
-    echo "setup: install iproute2 and iputils-ping by hand for the tests in tests/netns" >&2
+    echo "setup: install iproute2, iputils-ping and nftables by hand for the tests in tests/netns" >&2
   fi
 fi
 

@@ -207,6 +207,12 @@ pub(crate) fn render(r: &StatusReport) -> String {
         bytes(r.bytes_sent as f64),
         bytes(r.bytes_received as f64)
     );
+    let c = &r.connections;
+    let _ = writeln!(
+        out,
+        "network   reachability {}   connections {} direct, {} hole-punched, {} relayed",
+        r.reachability, c.direct, c.hole_punched, c.relayed
+    );
     let _ = writeln!(out, "\npeers ({})", r.peers.len());
     if !r.peers.is_empty() {
         let _ = writeln!(
@@ -293,7 +299,7 @@ fn duration(seconds: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::{BootstrapStatus, PeerStatus, RoundStatus};
+    use crate::observe::{BootstrapStatus, ConnectionsStatus, PeerStatus, RoundStatus};
 
     fn report() -> StatusReport {
         StatusReport {
@@ -328,6 +334,12 @@ mod tests {
                 reached: None,
                 error: Some("handshake timed out".to_owned()),
             }],
+            reachability: "private".to_owned(),
+            connections: ConnectionsStatus {
+                direct: 2,
+                hole_punched: 1,
+                relayed: 1,
+            },
             last_rounds: vec![RoundStatus {
                 mode: "sgp".to_owned(),
                 outcome: "complete".to_owned(),
@@ -360,6 +372,7 @@ mod tests {
             "coverage 100.0%",
             "(1m15s ago)",
             "bootstrap (1)",
+            "network   reachability private   connections 2 direct, 1 hole-punched, 1 relayed",
             "/ip4/192.0.2.1/udp/7600/quic-v1/p2p/12D3KooWboot  FAILED 3 times in a row: handshake timed out",
         ] {
             assert!(text.contains(expected), "missing {expected:?} in\n{text}");

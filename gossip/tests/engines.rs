@@ -405,6 +405,41 @@ fn parts_follow_the_declared_bandwidth_and_unreachable_members_reduce_none() {
     assert_eq!(parts.iter().sum::<usize>(), LEN);
 }
 
+/// A member that AutoNAT finds private (`Engine::set_unreachable`) reduces nothing from
+/// its next round on, and one found reachable again takes a part again.
+#[test]
+fn a_member_found_unreachable_mid_run_is_given_no_part_until_it_is_reachable_again() {
+    let mode = ModeSettings::Butterfly {
+        target_batch: 4 * 32,
+        butterfly: butterfly_config(16),
+    };
+    let mut swarm = EngineSwarm::new(&scenario(4, 6), config(mode, CodecSpec::F32)).unwrap();
+    let parts_of_3 = |swarm: &EngineSwarm, from: usize| -> Vec<usize> {
+        swarm.round_reports()[from..]
+            .iter()
+            .filter(|(p, r)| *p == 3 && r.group_size == 4)
+            .map(|(_, r)| r.part_elements)
+            .collect()
+    };
+    run(&mut swarm, 2.0);
+    let reachable = parts_of_3(&swarm, 0);
+    assert!(reachable.iter().any(|&p| p > 0), "{reachable:?}");
+    swarm.engine_mut(3).set_unreachable(true);
+    // The round under way when the verdict came may still give it a part.
+    run(&mut swarm, 3.0);
+    let settle = swarm.round_reports().len();
+    run(&mut swarm, 5.0);
+    let unreachable = parts_of_3(&swarm, settle);
+    assert!(!unreachable.is_empty(), "rounds of all four went on");
+    assert!(unreachable.iter().all(|&p| p == 0), "{unreachable:?}");
+    swarm.engine_mut(3).set_unreachable(false);
+    run(&mut swarm, 6.0);
+    let mark = swarm.round_reports().len();
+    run(&mut swarm, 8.0);
+    let again = parts_of_3(&swarm, mark);
+    assert!(again.iter().any(|&p| p > 0), "{again:?}");
+}
+
 /// Crashes at many moments of the round cycle, each a pair: a peer whose leader waits for
 /// it (until the crash is noticed), then, within that wait, often the leader itself. No
 /// survivor waits out its `max_wait` and averages alone: a follower leaves a crashed leader

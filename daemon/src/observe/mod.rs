@@ -73,6 +73,12 @@
 //! | `murmur_net_tensor_streams_over_partial_budget_total` | counter | | tensor streams closed because their peer's incomplete frames would hold more than `net.max_partial_frame_bytes_per_peer` |
 //! | `murmur_net_peers_banned_total` | counter | | bans started: a peer refused for its invite `net.ban_after_refusals` times or more |
 //! | `murmur_net_tensor_streams_refused_total` | counter | reason (`unauthorized`, `limit`) | inbound tensor streams dropped unread |
+//! | `murmur_net_reachability` | gauge | state (`public`, `private`, `unknown`) | 1 for what AutoNAT found about this peer, 0 for the other states |
+//! | `murmur_net_connections` | gauge | kind (`direct`, `hole_punched`, `relayed`) | open connections by how they were made |
+//! | `murmur_net_hole_punches_total` | counter | result (`succeeded`, `failed`) | DCUtR attempts to turn a relayed connection into a direct one |
+//! | `murmur_net_relay_accepted_total` | counter | request (`reservation`, `circuit`) | relay reservations and relayed connections this peer granted to members (`[net.relay] serve`) |
+//! | `murmur_net_relayed_bytes_total` | counter | direction (`sent`, `received`) | bytes this peer wrote and read on connections through a relay (every stream, framing included) |
+//! | `murmur_net_relay_refused_total` | counter | request (`reservation`, `circuit`) | relay requests refused because the requester is not a member |
 //! | `murmur_process_resident_memory_bytes` | gauge | | resident set size (`/proc/self/status` `VmRSS`) |
 //! | `murmur_process_cpu_seconds_total` | counter | | user + system CPU time, all threads |
 //! | `murmur_process_open_fds` | gauge | | open file descriptors |
@@ -125,7 +131,7 @@ pub(crate) use http::{HttpLimits, serve};
 pub(crate) use logging::{LogFormat, init_logging};
 pub(crate) use registry::{Metrics, MetricsOptions};
 #[cfg(test)]
-pub(crate) use status::{BootstrapStatus, PeerStatus, RoundStatus};
+pub(crate) use status::{BootstrapStatus, ConnectionsStatus, PeerStatus, RoundStatus};
 pub(crate) use status::{StatusBoard, StatusIdentity, StatusReport};
 
 /// The port `/metrics`, `/status` and `/healthz` are served on unless the config says

@@ -8,7 +8,9 @@
 
 use std::sync::{Arc, OnceLock};
 
-use murmur_gossip::net::{BootstrapDial, NetHandle, NetMetricsSnapshot, PeerBandwidth};
+use murmur_gossip::net::{
+    BootstrapDial, NetHandle, NetMetricsSnapshot, PeerBandwidth, Reachability,
+};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::frame::FrameKind;
 use murmur_protocol::identity::PeerId;
@@ -203,6 +205,12 @@ struct NetCollector {
     connections_refused: Desc,
     heartbeats_refused: Desc,
     throughput: Desc,
+    relay_refused: Desc,
+    relay_accepted: Desc,
+    hole_punches: Desc,
+    connections: Desc,
+    reachability: Desc,
+    relayed_bytes: Desc,
 }
 
 impl NetCollector {
@@ -311,7 +319,120 @@ impl NetCollector {
                 "Measured transfer rate to (upload) or from (download) one peer.",
                 &["peer", "direction"],
             )?,
+            relay_refused: describe(
+                "murmur_net_relay_refused_total",
+                "Relay reservations and circuits this peer refused because the requester is not a member, by request.",
+                &["request"],
+            )?,
+            relay_accepted: describe(
+                "murmur_net_relay_accepted_total",
+                "Relay reservations and circuits this peer granted to members, by request.",
+                &["request"],
+            )?,
+            hole_punches: describe(
+                "murmur_net_hole_punches_total",
+                "DCUtR attempts to turn a relayed connection into a direct one, by result.",
+                &["result"],
+            )?,
+            connections: describe(
+                "murmur_net_connections",
+                "Open connections by kind: direct, hole_punched (made direct by DCUtR) or relayed.",
+                &["kind"],
+            )?,
+            relayed_bytes: describe(
+                "murmur_net_relayed_bytes_total",
+                "Bytes this peer sent and received on connections through a relay, by direction.",
+                &["direction"],
+            )?,
+            reachability: describe(
+                "murmur_net_reachability",
+                "What AutoNAT found: 1 for the current state (public, private or unknown), 0 for the others.",
+                &["state"],
+            )?,
         })
+    }
+}
+
+impl NetCollector {
+    /// Relays, hole punches, connection kinds and reachability.
+    fn nat_families(&self, snapshot: &NetMetricsSnapshot) -> [MetricFamily; 6] {
+        let counter = MetricType::COUNTER;
+        let gauge = MetricType::GAUGE;
+        let by = |label: &str, values: &[(&str, u64)], kind: MetricType| {
+            values
+                .iter()
+                .map(|(value, n)| sample(&[(label, value)], *n as f64, kind))
+                .collect::<Vec<_>>()
+        };
+        let connections = &snapshot.connections;
+        let reachability: Vec<(&str, u64)> = Reachability::ALL
+            .iter()
+            .map(|state| (state.name(), u64::from(*state == snapshot.reachability)))
+            .collect();
+        [
+            family(
+                &self.relay_refused,
+                counter,
+                by(
+                    "request",
+                    &[
+                        ("reservation", snapshot.relay_reservations_refused),
+                        ("circuit", snapshot.relay_circuits_refused),
+                    ],
+                    counter,
+                ),
+            ),
+            family(
+                &self.relay_accepted,
+                counter,
+                by(
+                    "request",
+                    &[
+                        ("reservation", snapshot.relay_reservations_accepted),
+                        ("circuit", snapshot.relay_circuits_accepted),
+                    ],
+                    counter,
+                ),
+            ),
+            family(
+                &self.hole_punches,
+                counter,
+                by(
+                    "result",
+                    &[
+                        ("succeeded", snapshot.hole_punches_succeeded),
+                        ("failed", snapshot.hole_punches_failed),
+                    ],
+                    counter,
+                ),
+            ),
+            family(
+                &self.connections,
+                gauge,
+                by(
+                    "kind",
+                    &[
+                        ("direct", connections.direct),
+                        ("hole_punched", connections.hole_punched),
+                        ("relayed", connections.relayed),
+                    ],
+                    gauge,
+                ),
+            ),
+            family(&self.reachability, gauge, by("state", &reachability, gauge)),
+            family(
+                &self.relayed_bytes,
+                counter,
+                by(
+                    "direction",
+                    &[
+                        ("sent", snapshot.relayed_bytes_sent),
+                        ("received", snapshot.relayed_bytes_received),
+                    ],
+                    counter,
+                ),
+            ),
+        ]
     }
 }
 
@@ -322,6 +443,12 @@ impl Collector for NetCollector {
         descs.push(&self.connections_refused);
         descs.push(&self.heartbeats_refused);
         descs.push(&self.throughput);
+        descs.push(&self.relay_refused);
+        descs.push(&self.relay_accepted);
+        descs.push(&self.hole_punches);
+        descs.push(&self.connections);
+        descs.push(&self.reachability);
+        descs.push(&self.relayed_bytes);
         descs
     }
 
@@ -382,6 +509,8 @@ impl Collector for NetCollector {
             heartbeats_refused,
         ));
 
+        families.extend(self.nat_families(&snapshot));
+
         let mut peers = source.bandwidth();
         peers.sort_unstable_by_key(|(peer, _)| *peer);
         let mut rates = Vec::new();
@@ -409,7 +538,7 @@ impl Collector for NetCollector {
 pub(super) mod tests {
     use std::time::Duration;
 
-    use murmur_gossip::net::{BandwidthEstimator, Direction};
+    use murmur_gossip::net::{BandwidthEstimator, ConnectionCounts, Direction};
     use murmur_protocol::identity::Keypair;
 
     use super::*;
@@ -465,6 +594,20 @@ pub(super) mod tests {
             tensor_streams_over_partial_budget: 21,
             peers_refused_revoked: 22,
             revocation_lists_adopted: 23,
+            relay_reservations_refused: 25,
+            relay_circuits_refused: 26,
+            relay_reservations_accepted: 27,
+            relay_circuits_accepted: 28,
+            hole_punches_succeeded: 29,
+            hole_punches_failed: 30,
+            relayed_bytes_sent: 34,
+            relayed_bytes_received: 35,
+            connections: ConnectionCounts {
+                direct: 31,
+                hole_punched: 32,
+                relayed: 33,
+            },
+            reachability: Reachability::Private,
         };
         let bandwidth = BandwidthEstimator::new(0.5, 1);
         bandwidth.record(
@@ -523,6 +666,20 @@ pub(super) mod tests {
             "murmur_net_tensor_streams_over_partial_budget_total 21".to_owned(),
             "murmur_net_peers_refused_revoked_total 22".to_owned(),
             "murmur_net_revocation_lists_adopted_total 23".to_owned(),
+            r#"murmur_net_relay_refused_total{request="reservation"} 25"#.to_owned(),
+            r#"murmur_net_relay_refused_total{request="circuit"} 26"#.to_owned(),
+            r#"murmur_net_relay_accepted_total{request="reservation"} 27"#.to_owned(),
+            r#"murmur_net_relay_accepted_total{request="circuit"} 28"#.to_owned(),
+            r#"murmur_net_hole_punches_total{result="succeeded"} 29"#.to_owned(),
+            r#"murmur_net_hole_punches_total{result="failed"} 30"#.to_owned(),
+            r#"murmur_net_connections{kind="direct"} 31"#.to_owned(),
+            r#"murmur_net_connections{kind="hole_punched"} 32"#.to_owned(),
+            r#"murmur_net_connections{kind="relayed"} 33"#.to_owned(),
+            r#"murmur_net_reachability{state="unknown"} 0"#.to_owned(),
+            r#"murmur_net_reachability{state="public"} 0"#.to_owned(),
+            r#"murmur_net_reachability{state="private"} 1"#.to_owned(),
+            r#"murmur_net_relayed_bytes_total{direction="sent"} 34"#.to_owned(),
+            r#"murmur_net_relayed_bytes_total{direction="received"} 35"#.to_owned(),
             format!(
                 r#"murmur_net_peer_throughput_bytes_per_second{{peer="{p1}",direction="upload"}} 2000000"#
             ),

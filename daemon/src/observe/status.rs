@@ -72,8 +72,31 @@ pub(crate) struct StatusReport {
     /// order. Absent from older daemons' documents.
     #[serde(default)]
     pub(crate) bootstrap: Vec<BootstrapStatus>,
+    /// What AutoNAT found: `public` (members dialed this peer back), `private` (they
+    /// could not: reached through relays and hole punches) or `unknown`. Absent from
+    /// older daemons' documents.
+    #[serde(default = "unknown")]
+    pub(crate) reachability: String,
+    /// Open connections by kind. Absent from older daemons' documents.
+    #[serde(default)]
+    pub(crate) connections: ConnectionsStatus,
     /// The last averaging rounds, newest first, at most [`LAST_ROUNDS`].
     pub(crate) last_rounds: Vec<RoundStatus>,
+}
+
+fn unknown() -> String {
+    "unknown".to_owned()
+}
+
+/// Open connections by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ConnectionsStatus {
+    /// Dialed or accepted directly.
+    pub(crate) direct: u64,
+    /// Made direct by a hole punch (DCUtR) from a relayed connection.
+    pub(crate) hole_punched: u64,
+    /// Through a relay.
+    pub(crate) relayed: u64,
 }
 
 /// One peer, as its last heartbeat and this peer's measurements describe it.
@@ -380,6 +403,12 @@ impl StatusBoard {
             bytes_received: net.tensor_bytes_received,
             peers,
             bootstrap: bootstrap.into_iter().map(BootstrapStatus::from).collect(),
+            reachability: net.reachability.name().to_owned(),
+            connections: ConnectionsStatus {
+                direct: net.connections.direct,
+                hole_punched: net.connections.hole_punched,
+                relayed: net.connections.relayed,
+            },
             last_rounds,
         }
     }

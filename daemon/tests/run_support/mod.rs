@@ -207,6 +207,10 @@ pub(crate) struct PeerSettings {
     pub(crate) model_width: Option<usize>,
     /// `[swarm] revocation_file`, when set.
     pub(crate) revocation_file: Option<String>,
+    /// Run `murmur` inside this network namespace (`ip netns exec`).
+    pub(crate) namespace: Option<String>,
+    /// More config text, appended as written (whole tables such as `[net.relay]`).
+    pub(crate) extra: String,
 }
 
 impl Default for PeerSettings {
@@ -232,6 +236,8 @@ impl Default for PeerSettings {
             control_token_file: None,
             model_width: None,
             revocation_file: None,
+            namespace: None,
+            extra: String::new(),
         }
     }
 }
@@ -273,6 +279,8 @@ impl PeerDir {
     pub(crate) fn write_config(&self, settings: &PeerSettings) {
         let text = config_text(&self.authority, settings);
         std::fs::write(self.config_path(), text).expect("the config is written");
+        let namespace = settings.namespace.clone().unwrap_or_default();
+        std::fs::write(self.dir.join("namespace"), namespace).expect("the namespace is noted");
     }
 
     /// Starts `murmur run --progress` on this folder's config.
@@ -283,7 +291,15 @@ impl PeerDir {
     /// Starts `murmur run --progress` with extra environment variables.
     pub(crate) fn start_with_env(&self, env: &[(&str, &str)]) -> RunningPeer {
         let log = File::create(self.log_path()).expect("the log file");
-        let mut child = Command::new(MURMUR)
+        let namespace = std::fs::read_to_string(self.dir.join("namespace")).unwrap_or_default();
+        let mut command = if namespace.is_empty() {
+            Command::new(MURMUR)
+        } else {
+            let mut command = Command::new("ip");
+            command.args(["netns", "exec", &namespace, MURMUR]);
+            command
+        };
+        let mut child = command
             .arg("run")
             .arg("--config")
             .arg(self.config_path())
@@ -379,6 +395,7 @@ fn config_text(authority: &str, s: &PeerSettings) -> String {
             "\n[model]\nkind = \"gpt\"\nlayers = 2\nheads = 2\nwidth = {width}\ncontext = 32\n"
         );
     }
+    t.push_str(&s.extra);
     if s.metrics {
         let listen = s.metrics_listen.as_deref().unwrap_or("127.0.0.1:0");
         let _ = write!(t, "\n[metrics]\nlisten = {}\n", quoted(listen));

@@ -263,4 +263,7 @@ pub trait Engine<P: PeerKey> {
     /// The upload bandwidth measured on this peer's links, in bytes per second (round modes
     /// size parts by it).
     fn set_measured_upload(&mut self, _bytes_per_s: u64) {}
+    /// Whether others found this peer unreachable (AutoNAT: private). Round modes then
+    /// declare that it accepts no connections, so it is given no part to reduce.
+    fn set_unreachable(&mut self, _unreachable: bool) {}
 }

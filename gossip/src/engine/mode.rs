@@ -263,4 +263,10 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
             e.set_measured_upload(bytes_per_s);
         }
     }
+
+    fn set_unreachable(&mut self, unreachable: bool) {
+        if let ModeEngine::Rounds(e) = self {
+            e.set_unreachable(unreachable);
+        }
+    }
 }

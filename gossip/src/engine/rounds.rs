@@ -157,6 +157,8 @@ pub struct RoundEngine<P> {
     spares: Spares,
     next_tag: u64,
     upload_measured: u64,
+    /// AutoNAT found this peer private: it declares that it accepts no connections.
+    unreachable: bool,
     rng: Xoshiro256PlusPlus,
     outputs: VecDeque<EngineOutput<P>>,
     finishing: bool,
@@ -233,6 +235,7 @@ impl<P: PeerKey> RoundEngine<P> {
             spares: Spares::default(),
             next_tag: 0,
             upload_measured: 0,
+            unreachable: false,
             outputs: VecDeque::new(),
             finishing: false,
             finished: false,
@@ -514,7 +517,7 @@ impl<P: PeerKey> RoundEngine<P> {
         self.matchmaker.set_target_group(self.expected_group());
         let profile = MemberProfile {
             bandwidth_bytes_per_s: self.upload_offered(),
-            accepts_connections: self.settings.accepts_connections,
+            accepts_connections: self.settings.accepts_connections && !self.unreachable,
             samples: self.samples,
         };
         let group_id = self.rng.random();
@@ -1249,6 +1252,17 @@ impl<P: PeerKey> Engine<P> for RoundEngine<P> {
 
     fn set_measured_upload(&mut self, bytes_per_s: u64) {
         self.upload_measured = bytes_per_s;
+    }
+
+    fn set_unreachable(&mut self, unreachable: bool) {
+        if self.unreachable != unreachable {
+            tracing::info!(
+                unreachable,
+                "reachability changed: this peer {} butterfly parts",
+                if unreachable { "takes no" } else { "may take" }
+            );
+        }
+        self.unreachable = unreachable;
     }
 
     fn status(&self) -> EngineStatus {

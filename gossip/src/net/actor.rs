@@ -113,8 +113,9 @@ impl PeerState {
         self.admitted.is_some() && self.accepted_us && self.refused_at.is_none()
     }
 
-    /// Adds a dialable address (without its `/p2p` suffix), keeping at most a few.
-    pub(crate) fn add_addr(&mut self, addr: &Multiaddr) {
+    /// Adds a dialable address (without its `/p2p` suffix), keeping at most a few; returns
+    /// it when it is new.
+    pub(crate) fn add_addr(&mut self, addr: &Multiaddr) -> Option<Multiaddr> {
         let mut addr = addr.clone();
         if matches!(addr.iter().last(), Some(Protocol::P2p(_))) {
             addr.pop();
@@ -125,8 +126,10 @@ impl PeerState {
             _ => false,
         });
         if !unspecified && !self.addrs.contains(&addr) && self.addrs.len() < MAX_ADDRS_PER_PEER {
-            self.addrs.push(addr);
+            self.addrs.push(addr.clone());
+            return Some(addr);
         }
+        None
     }
 }
 
@@ -162,6 +165,10 @@ pub(crate) struct NetActor {
     pub(crate) gossip_refusals_unwarned: u64,
     /// The swarm's revocation list: its file, topic and gossip schedule.
     pub(crate) revocation: RevocationState,
+    /// The peers this node admitted, shared with its relay (which serves only them).
+    pub(crate) members: super::nat::Members,
+    /// Reachability, relays and connection kinds.
+    pub(crate) nat: super::nat_events::NatState,
 }
 
 impl NetActor {

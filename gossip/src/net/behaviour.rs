@@ -12,13 +12,18 @@
 //! | request-response | `/murmur/<swarm>/control/1` | the auth hello and control messages |
 //! | libp2p-stream | `/murmur/<swarm>/tensor/1` (outbound) | opens tensor streams, backpressured by QUIC flow control |
 //! | [`TensorInbound`] | `/murmur/<swarm>/tensor/1` (inbound) | takes tensor streams without dropping any |
+//! | AutoNAT (v1) | `/libp2p/autonat/1.0.0` | asks members to dial this peer back: is it reachable? |
+//! | relay client | `/libp2p/circuit/relay/0.2.0/{hop,stop}` | reservations on a relaying member; relayed dials |
+//! | relay server (optional) | `/libp2p/circuit/relay/0.2.0/hop` | relays for members only (`[net.relay] serve`) |
+//! | DCUtR | `/libp2p/dcutr` | turns a relayed connection into a direct one (hole punching) |
 //!
 //! Kademlia inserts peers into its routing table only when told: the network task adds a
 //! peer once its invite has verified, so an unauthorized peer is never handed out to others.
-//! Kademlia, identify and gossipsub are [`Gated`]: on each connection their streams wait
+//! Kademlia, identify, gossipsub, AutoNAT and DCUtR are [`Gated`]: on each connection their streams wait
 //! until the peer has proven its invite, so a stranger gets neither members' ids and
 //! addresses, nor this peer's listen addresses, nor the topic it takes and the heartbeats
-//! relayed on it.
+//! relayed on it, nor a dial-back, nor this peer's observed addresses. The relay server
+//! serves members only ([`MembersOnly`]).
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -26,7 +31,7 @@ use std::time::Duration;
 
 use libp2p::swarm::NetworkBehaviour;
 use libp2p::swarm::behaviour::toggle::Toggle;
-use libp2p::{gossipsub, identify, kad, mdns, ping, request_response};
+use libp2p::{autonat, dcutr, gossipsub, identify, kad, mdns, ping, relay, request_response};
 use libp2p_connection_limits::ConnectionLimits;
 use murmur_protocol::identity::MAX_REVOCATIONS_LEN;
 
@@ -36,6 +41,7 @@ use super::control::ControlCodec;
 use super::error::NetError;
 use super::gate::Gated;
 use super::metrics::NetMetrics;
+use super::nat::{Members, MembersOnly, RelayRequest};
 use super::tensor_inbound::TensorInbound;
 
 /// Gossip messages are heartbeats of well under a kilobyte; anything larger is refused at the
@@ -70,6 +76,10 @@ pub(crate) struct MurmurBehaviour {
     pub(crate) control: request_response::Behaviour<ControlCodec>,
     pub(crate) streams: libp2p_stream::Behaviour,
     pub(crate) tensor: TensorInbound,
+    pub(crate) autonat: Gated<autonat::Behaviour>,
+    pub(crate) relay_client: relay::client::Behaviour,
+    pub(crate) relay: Toggle<relay::Behaviour>,
+    pub(crate) dcutr: Gated<dcutr::Behaviour>,
 }
 
 impl MurmurBehaviour {
@@ -78,6 +88,8 @@ impl MurmurBehaviour {
         key: &libp2p::identity::Keypair,
         config: &ValidConfig,
         metrics: Arc<NetMetrics>,
+        relay_client: relay::client::Behaviour,
+        members: &Members,
     ) -> Result<MurmurBehaviour, NetError> {
         let raw = &config.raw;
         let local = key.public().to_peer_id();
@@ -89,7 +101,7 @@ impl MurmurBehaviour {
                 ban_after_refusals: raw.ban_after_refusals,
                 ban_backoff: ValidConfig::ms(raw.ban_backoff_ms),
             },
-            metrics,
+            Arc::clone(&metrics),
         );
         let limits = libp2p_connection_limits::Behaviour::new(
             ConnectionLimits::default()
@@ -100,7 +112,9 @@ impl MurmurBehaviour {
 
         let identify = identify::Behaviour::new(
             identify::Config::new(config.identify_version(), key.public())
-                .with_agent_version(format!("murmur/{}", env!("CARGO_PKG_VERSION"))),
+                .with_agent_version(format!("murmur/{}", env!("CARGO_PKG_VERSION")))
+                // A reservation on a relay adds a listen address: members hear of it at once.
+                .with_push_listen_addr_updates(true),
         );
 
         let mut kad_config = kad::Config::new(config.kad_protocol());
@@ -174,6 +188,67 @@ impl MurmurBehaviour {
             control,
             streams: libp2p_stream::Behaviour::new(),
             tensor: TensorInbound::new(config.tensor_protocol()),
+            autonat: Gated::new(autonat::Behaviour::new(local, autonat_config(config))),
+            relay_client,
+            relay: Toggle::from(
+                raw.relay
+                    .serve
+                    .then(|| relay::Behaviour::new(local, relay_config(config, members, metrics))),
+            ),
+            dcutr: Gated::new(dcutr::Behaviour::new(local)),
         })
+    }
+}
+
+/// AutoNAT: the first probe half an interval after start (at most 15 s: a process that
+/// lives shorter never asks), then every `net.reachability_probe_interval_ms` until
+/// settled, then ten times as seldom; any address may be probed (swarms run on LANs and
+/// loopback too); only members are asked and answered (the behaviour is gated). Each
+/// dial-back opens a socket of its own, so a peer dials back at most
+/// [`DIAL_BACKS_PER_INTERVAL`] times an interval, and twice for one peer.
+fn autonat_config(config: &ValidConfig) -> autonat::Config {
+    let interval = ValidConfig::ms(config.raw.reachability_probe_interval_ms);
+    autonat::Config {
+        boot_delay: (interval / 2).min(Duration::from_secs(15)),
+        retry_interval: interval,
+        refresh_interval: interval.saturating_mul(10),
+        throttle_server_period: interval / 2,
+        throttle_clients_global_max: DIAL_BACKS_PER_INTERVAL,
+        throttle_clients_peer_max: 2,
+        throttle_clients_period: interval,
+        only_global_ips: false,
+        ..autonat::Config::default()
+    }
+}
+
+/// Dial-backs this peer makes for others' AutoNAT probes per probe interval, at most.
+const DIAL_BACKS_PER_INTERVAL: usize = 8;
+
+/// The relay's limits from `[net.relay]`, and its rule that members only are served.
+fn relay_config(
+    config: &ValidConfig,
+    members: &Members,
+    metrics: Arc<NetMetrics>,
+) -> relay::Config {
+    let relay = &config.raw.relay;
+    let count = |n: u32| usize::try_from(n).unwrap_or(usize::MAX);
+    relay::Config {
+        max_reservations: count(relay.max_reservations),
+        max_reservations_per_peer: 1,
+        reservation_duration: Duration::from_secs(3600),
+        reservation_rate_limiters: vec![Box::new(MembersOnly::new(
+            members.clone(),
+            RelayRequest::Reservation,
+            Arc::clone(&metrics),
+        ))],
+        max_circuits: count(relay.max_circuits),
+        max_circuits_per_peer: count(relay.max_circuits_per_peer),
+        max_circuit_duration: ValidConfig::ms(relay.max_circuit_duration_ms),
+        max_circuit_bytes: relay.max_circuit_bytes,
+        circuit_src_rate_limiters: vec![Box::new(MembersOnly::new(
+            members.clone(),
+            RelayRequest::Circuit,
+            metrics,
+        ))],
     }
 }

@@ -14,6 +14,7 @@ use murmur_protocol::identity::{PeerId, PublicKey, SwarmId};
 use serde::{Deserialize, Serialize};
 
 use super::error::NetError;
+use super::nat::RelayConfig;
 
 /// How a peer joins the swarm's network, and every bound the network layer keeps.
 ///
@@ -130,6 +131,11 @@ pub struct NetConfig {
     /// from the `[net]` table: the daemon sets it from `[volunteer]`.
     #[serde(skip)]
     pub max_download_bytes_per_s: u64,
+    /// How often AutoNAT asks members to dial this peer back while its reachability is
+    /// unknown or unsettled; once settled, every ten times this.
+    pub reachability_probe_interval_ms: u64,
+    /// Serving as a circuit relay for members behind NATs, and using one (`[net.relay]`).
+    pub relay: RelayConfig,
 }
 
 impl Default for NetConfig {
@@ -146,7 +152,7 @@ impl Default for NetConfig {
             bootstrap: Vec::new(),
             mdns: false,
             max_connections: 256,
-            max_connections_per_peer: 2,
+            max_connections_per_peer: 4,
             max_pending_incoming: 64,
             max_pending_incoming_per_ip: 16,
             max_incoming_connections_per_ip: 32,
@@ -178,6 +184,8 @@ impl Default for NetConfig {
             quic_connection_receive_window: 15_000_000,
             max_upload_bytes_per_s: 0,
             max_download_bytes_per_s: 0,
+            reachability_probe_interval_ms: 30_000,
+            relay: RelayConfig::default(),
         }
     }
 }
@@ -196,6 +204,11 @@ const MAX_QUEUE: u64 = 65_536;
 const MAX_RECEIVE_WINDOW: u64 = 1 << 30;
 /// The longest timeout or interval, in milliseconds: a day.
 const MAX_MS: u64 = 86_400_000;
+/// The fewest bytes a relay circuit may carry: enough for the auth exchange and a hole
+/// punch, with room to spare.
+const MIN_CIRCUIT_BYTES: u64 = 64 * 1024;
+/// The most bytes a relay circuit may carry: 1 TiB.
+const MAX_CIRCUIT_BYTES: u64 = 1 << 40;
 
 /// A [`NetConfig`] whose text has been parsed and whose bounds have been checked.
 #[derive(Debug, Clone)]
@@ -408,6 +421,42 @@ impl NetConfig {
                 u64::from(self.quic_connection_receive_window),
                 u64::from(self.quic_stream_receive_window),
                 MAX_RECEIVE_WINDOW,
+            ),
+            (
+                "net.reachability_probe_interval_ms",
+                self.reachability_probe_interval_ms,
+                1_000,
+                MAX_MS,
+            ),
+            (
+                "net.relay.max_reservations",
+                u64::from(self.relay.max_reservations),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.relay.max_circuits",
+                u64::from(self.relay.max_circuits),
+                1,
+                MAX_COUNT,
+            ),
+            (
+                "net.relay.max_circuits_per_peer",
+                u64::from(self.relay.max_circuits_per_peer),
+                1,
+                u64::from(self.relay.max_circuits),
+            ),
+            (
+                "net.relay.max_circuit_bytes",
+                self.relay.max_circuit_bytes,
+                MIN_CIRCUIT_BYTES,
+                MAX_CIRCUIT_BYTES,
+            ),
+            (
+                "net.relay.max_circuit_duration_ms",
+                self.relay.max_circuit_duration_ms,
+                1_000,
+                MAX_MS,
             ),
         ] {
             if !(min..=max).contains(&value) {

@@ -6,7 +6,7 @@
 //!   remote's acceptance. A stranger that connects therefore gets no invite; a peer this
 //!   side dials (a bootstrap address from the config, or an address a member gave through
 //!   the DHT) gets ours, as it must to let us in.
-//! - **Kademlia, identify and gossipsub** streams wait on each connection until the peer is
+//! - **Kademlia, identify, gossipsub, AutoNAT and DCUtR** streams wait on each connection until the peer is
 //!   admitted (the `gate` module), so a stranger gets neither members' ids and addresses,
 //!   nor this peer's listen addresses, nor its gossip topic and the members' heartbeats
 //!   relayed on it; what a stranger publishes is never read.
@@ -60,5 +60,7 @@ impl NetActor {
         behaviour.kad.open(peer, connections);
         behaviour.identify.open(peer, connections);
         behaviour.gossipsub.open(peer, connections);
+        behaviour.autonat.open(peer, connections);
+        behaviour.dcutr.open(peer, connections);
     }
 }

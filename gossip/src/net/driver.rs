@@ -520,6 +520,9 @@ impl<E: Engine<PeerId>> Driver<E> {
     fn maintain(&mut self) {
         let (upload, _) = mean_bandwidth(&self.io.net);
         self.engine.set_measured_upload(upload);
+        let reachability = self.io.net.metrics().reachability();
+        self.engine
+            .set_unreachable(reachability == super::Reachability::Private);
         let known = self.engine.membership().len();
         let expected = self.config.expected_peers.max(1);
         let now = Instant::now();

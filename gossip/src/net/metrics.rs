@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use murmur_protocol::identity::PeerId;
 
+use super::nat::{Reachability, RelayRequest, SharedReachability};
+
 /// Counters of the network layer. Shared by the network task, its handles and every stream.
 #[derive(Debug, Default)]
 pub struct NetMetrics {
@@ -39,6 +41,16 @@ pub struct NetMetrics {
     tensor_streams_over_partial_budget: AtomicU64,
     peers_refused_revoked: AtomicU64,
     revocation_lists_adopted: AtomicU64,
+    relay_reservations_refused: AtomicU64,
+    relay_circuits_refused: AtomicU64,
+    relay_reservations_accepted: AtomicU64,
+    relay_circuits_accepted: AtomicU64,
+    hole_punches_succeeded: AtomicU64,
+    hole_punches_failed: AtomicU64,
+    relayed_bytes_sent: AtomicU64,
+    relayed_bytes_received: AtomicU64,
+    connections: ConnectionKinds,
+    reachability: SharedReachability,
     per_peer: Mutex<HashMap<PeerId, PeerTraffic>>,
 }
 
@@ -101,6 +113,53 @@ pub struct NetMetricsSnapshot {
     /// Revocation lists this node verified and adopted (each newer than the one before),
     /// from `swarm.revocation_file` or from other members.
     pub revocation_lists_adopted: u64,
+    /// Relay reservations refused because the requester is not a member.
+    pub relay_reservations_refused: u64,
+    /// Relay circuits refused because their source is not a member.
+    pub relay_circuits_refused: u64,
+    /// Relay reservations this peer granted (renewals included).
+    pub relay_reservations_accepted: u64,
+    /// Relay circuits this peer opened for members.
+    pub relay_circuits_accepted: u64,
+    /// Relayed connections turned into direct ones by DCUtR.
+    pub hole_punches_succeeded: u64,
+    /// DCUtR attempts that failed: the peers stay on their relayed connection.
+    pub hole_punches_failed: u64,
+    /// Bytes this peer wrote on connections through a relay (every stream, framing included).
+    pub relayed_bytes_sent: u64,
+    /// Bytes this peer read on connections through a relay.
+    pub relayed_bytes_received: u64,
+    /// Open connections by kind, now.
+    pub connections: ConnectionCounts,
+    /// What AutoNAT found about this peer, now.
+    pub reachability: Reachability,
+}
+
+/// Open connections by how they were made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionCounts {
+    /// Dialed or accepted directly.
+    pub direct: u64,
+    /// Direct, made by DCUtR from a relayed connection.
+    pub hole_punched: u64,
+    /// Through a relay (a `/p2p-circuit` address).
+    pub relayed: u64,
+}
+
+/// The kinds of connection, counted as they open and close.
+#[derive(Debug, Default)]
+struct ConnectionKinds {
+    direct: AtomicU64,
+    hole_punched: AtomicU64,
+    relayed: AtomicU64,
+}
+
+/// How a connection was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionKind {
+    Direct,
+    HolePunched,
+    Relayed,
 }
 
 /// Tensor bytes exchanged with one peer, over streams that have ended.
@@ -142,6 +201,82 @@ impl NetMetrics {
             tensor_streams_over_partial_budget: get(&self.tensor_streams_over_partial_budget),
             peers_refused_revoked: get(&self.peers_refused_revoked),
             revocation_lists_adopted: get(&self.revocation_lists_adopted),
+            relay_reservations_refused: get(&self.relay_reservations_refused),
+            relay_circuits_refused: get(&self.relay_circuits_refused),
+            relay_reservations_accepted: get(&self.relay_reservations_accepted),
+            relay_circuits_accepted: get(&self.relay_circuits_accepted),
+            hole_punches_succeeded: get(&self.hole_punches_succeeded),
+            hole_punches_failed: get(&self.hole_punches_failed),
+            relayed_bytes_sent: get(&self.relayed_bytes_sent),
+            relayed_bytes_received: get(&self.relayed_bytes_received),
+            connections: ConnectionCounts {
+                direct: get(&self.connections.direct),
+                hole_punched: get(&self.connections.hole_punched),
+                relayed: get(&self.connections.relayed),
+            },
+            reachability: self.reachability.get(),
+        }
+    }
+
+    /// What AutoNAT found about this peer, now.
+    pub fn reachability(&self) -> Reachability {
+        self.reachability.get()
+    }
+
+    pub(crate) fn set_reachability(&self, reachability: Reachability) {
+        self.reachability.set(reachability);
+    }
+
+    pub(crate) fn relay_refused(&self, request: RelayRequest) {
+        let counter = match request {
+            RelayRequest::Reservation => &self.relay_reservations_refused,
+            RelayRequest::Circuit => &self.relay_circuits_refused,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn relay_reservation_accepted(&self) {
+        self.relay_reservations_accepted
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn relay_circuit_accepted(&self) {
+        self.relay_circuits_accepted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn hole_punch(&self, succeeded: bool) {
+        let counter = if succeeded {
+            &self.hole_punches_succeeded
+        } else {
+            &self.hole_punches_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `bytes` written (`sent`) or read on a connection through a relay.
+    pub(crate) fn relayed(&self, bytes: u64, sent: bool) {
+        let counter = if sent {
+            &self.relayed_bytes_sent
+        } else {
+            &self.relayed_bytes_received
+        };
+        counter.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// A connection of `kind` opened (`opened`) or closed.
+    pub(crate) fn connection(&self, kind: ConnectionKind, opened: bool) {
+        let counter = match kind {
+            ConnectionKind::Direct => &self.connections.direct,
+            ConnectionKind::HolePunched => &self.connections.hole_punched,
+            ConnectionKind::Relayed => &self.connections.relayed,
+        };
+        if opened {
+            counter.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Never below zero, whatever order the events come in.
+            let _ = counter.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
         }
     }
 

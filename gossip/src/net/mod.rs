@@ -97,8 +97,11 @@ mod heartbeat_keeper;
 mod identity;
 mod invites;
 mod metrics;
+mod nat;
+mod nat_events;
 mod partial_frames;
 mod rate_limit;
+mod relayed_bytes;
 mod revocations;
 mod swarm_events;
 mod tensor_inbound;
@@ -122,7 +125,8 @@ pub use control::ControlFrame;
 pub use error::NetError;
 pub use handle::{InboundControl, NetHandle, NetInbound};
 pub use identity::NetIdentity;
-pub use metrics::{NetMetrics, NetMetricsSnapshot, PeerTraffic};
+pub use metrics::{ConnectionCounts, NetMetrics, NetMetricsSnapshot, PeerTraffic};
+pub use nat::{Reachability, RelayConfig, RelayReserve};
 pub use tensor_stream::{TensorStreamReader, TensorStreamWriter, TransferStats};
 
 use actor::{NetActor, VERIFIED_INVITES_PER_CONNECTION};
@@ -195,7 +199,11 @@ pub async fn spawn(
     );
     let metrics = Arc::new(NetMetrics::default());
     let handshake_timeout = ValidConfig::ms(raw.handshake_timeout_ms);
-    let behaviour = MurmurBehaviour::new(identity.libp2p(), &config, Arc::clone(&metrics))?;
+    let members = nat::Members::default();
+    let (relay_transport, relay_client) =
+        libp2p::relay::client::new(identity.libp2p().public().to_peer_id());
+    let relayed_metrics = Arc::clone(&metrics);
+    let mut failure = None;
     let mut swarm = SwarmBuilder::with_existing_identity(identity.libp2p().clone())
         .with_tokio()
         .with_tcp(
@@ -210,8 +218,23 @@ pub async fn spawn(
             (quic.max_stream_data, quic.max_connection_data) = windows;
             quic
         })
-        .with_behaviour(|_| behaviour)
-        .map_err(|e| NetError::Transport(e.to_string()))?
+        // The relay client's transport, built here rather than by `with_relay_client` so
+        // that its connections count their bytes.
+        .with_other_transport(|key| relayed_transport(relay_transport, key, relayed_metrics))
+        .map_err(|e| NetError::Transport(error_chain(&e)))?
+        .with_behaviour(|key| {
+            MurmurBehaviour::new(key, &config, Arc::clone(&metrics), relay_client, &members)
+                .map_err(|e| {
+                    let text = e.to_string();
+                    failure = Some(e);
+                    Box::<dyn std::error::Error + Send + Sync>::from(text)
+                })
+        })
+        .map_err(|e| {
+            failure
+                .take()
+                .unwrap_or_else(|| NetError::Transport(e.to_string()))
+        })?
         .with_swarm_config(|c| c.with_idle_connection_timeout(idle))
         // The deadline of every transport upgrade (TCP's noise and yamux included; libp2p's
         // default is 10 s): a socket that never finishes its handshake frees its slot then.
@@ -278,6 +301,8 @@ pub async fn spawn(
         ),
         gossip_refusals_warned_at: None,
         gossip_refusals_unwarned: 0,
+        members,
+        nat: nat_events::NatState::default(),
         revocation: revocations::RevocationState::new(
             gossipsub::IdentTopic::new(config.revocation_topic()).hash(),
         ),
@@ -358,6 +383,29 @@ pub async fn spawn(
             control_requests: control_rx,
         },
     ))
+}
+
+/// The relay client's transport as every other: noise, yamux, and a multiplexer whose
+/// streams count their bytes ([`relayed_bytes::Counted`]).
+fn relayed_transport(
+    relay: libp2p::relay::client::Transport,
+    key: &libp2p::identity::Keypair,
+    metrics: Arc<NetMetrics>,
+) -> Result<
+    libp2p::core::transport::Boxed<(libp2p::PeerId, libp2p::core::muxing::StreamMuxerBox)>,
+    Box<dyn std::error::Error + Send + Sync>,
+> {
+    use libp2p::core::Transport as _;
+    use libp2p::core::muxing::StreamMuxerBox;
+    Ok(relay
+        .upgrade(libp2p::core::upgrade::Version::V1Lazy)
+        .authenticate(noise::Config::new(key)?)
+        .multiplex(yamux::Config::default())
+        .map(move |(peer, muxer), _| {
+            let counted = relayed_bytes::Counted::new(StreamMuxerBox::new(muxer), metrics);
+            (peer, StreamMuxerBox::new(counted))
+        })
+        .boxed())
 }
 
 /// An error and its sources, joined by ": ", leaving out the empty ones (libp2p's transport

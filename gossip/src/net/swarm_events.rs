@@ -5,7 +5,7 @@ use libp2p::core::ConnectedPoint;
 use libp2p::request_response::{self, OutboundFailure};
 use libp2p::swarm::dial_opts::DialOpts;
 use libp2p::swarm::{ConnectionId, SwarmEvent};
-use libp2p::{gossipsub, identify, kad, mdns};
+use libp2p::{Multiaddr, gossipsub, identify, kad, mdns};
 use murmur_protocol::identity::PeerId;
 
 use super::NetEvent;
@@ -30,20 +30,32 @@ impl NetActor {
                 ..
             } => {
                 self.anonymous_dials.remove(&connection_id);
+                if is_dial_back(&endpoint) {
+                    // AutoNAT's answer is already on its way over the peer's own
+                    // connection; this one, with its socket of its own, is not needed.
+                    self.swarm.close_connection(connection_id);
+                    return;
+                }
                 self.bootstrap.connected(connection_id, &peer_id);
+                self.nat.opened(connection_id, &endpoint, &self.ctx.metrics);
                 self.on_connected(peer_id, connection_id, &endpoint);
             }
             SwarmEvent::ConnectionClosed {
                 peer_id,
+                connection_id,
                 num_established: 0,
                 cause,
                 ..
-            } => self.on_disconnected(peer_id, cause.map(|c| c.to_string())),
+            } => {
+                self.nat.closed(connection_id, &self.ctx.metrics);
+                self.on_disconnected(peer_id, cause.map(|c| c.to_string()));
+            }
             SwarmEvent::ConnectionClosed {
                 peer_id,
                 connection_id,
                 ..
             } => {
+                self.nat.closed(connection_id, &self.ctx.metrics);
                 let Some(state) = self.peers.get_mut(&peer_id) else {
                     return;
                 };
@@ -55,9 +67,13 @@ impl NetActor {
             }
             SwarmEvent::NewListenAddr { address, .. } => {
                 tracing::info!(%address, "listening");
+                self.on_listening(&address);
                 if !self.listen_addrs.contains(&address) {
                     self.listen_addrs.push(address);
                 }
+            }
+            SwarmEvent::ListenerClosed { listener_id, .. } => {
+                self.on_listener_closed(listener_id);
             }
             SwarmEvent::ExpiredListenAddr { address, .. } => {
                 self.listen_addrs.retain(|a| a != &address);
@@ -122,6 +138,8 @@ impl NetActor {
             return;
         };
         tracing::debug!(%peer, cause = ?cause, "disconnected");
+        self.members.remove(&peer);
+        self.nat.forget(&peer);
         self.fail_waiters(&peer, |id| NetError::Disconnected { peer: id });
         if let (Some(id), Some(_)) = (state.id, state.admitted) {
             let _ = self.events.send(NetEvent::PeerDisconnected { peer: id });
@@ -131,13 +149,28 @@ impl NetActor {
     fn on_behaviour_event(&mut self, event: MurmurBehaviourEvent) {
         match event {
             MurmurBehaviourEvent::Control(event) => self.on_control_event(event),
-            MurmurBehaviourEvent::Identify(identify::Event::Received { peer_id, info, .. }) => {
+            MurmurBehaviourEvent::Identify(identify::Event::Received {
+                peer_id,
+                connection_id,
+                info,
+            }) => {
                 if let Some(state) = self.peers.get_mut(&peer_id) {
-                    for addr in &info.listen_addrs {
-                        state.add_addr(addr);
+                    let fresh: Vec<Multiaddr> = info
+                        .listen_addrs
+                        .iter()
+                        .filter_map(|addr| state.add_addr(addr))
+                        .collect();
+                    // A peer already in the DHT that listens somewhere new (a relay
+                    // reservation, say): the DHT hands out the new address too.
+                    if state.in_dht {
+                        let kad = &mut self.swarm.behaviour_mut().kad;
+                        for addr in fresh {
+                            kad.add_address(&peer_id, addr);
+                        }
                     }
                 }
                 self.add_to_dht(&peer_id);
+                self.on_identified(peer_id, connection_id, &info.protocols, &info.listen_addrs);
             }
             MurmurBehaviourEvent::Gossipsub(gossipsub::Event::Message {
                 propagation_source,
@@ -159,6 +192,10 @@ impl NetActor {
             MurmurBehaviourEvent::Tensor(TensorInboundEvent { peer, stream }) => {
                 self.on_inbound_stream(peer, stream);
             }
+            MurmurBehaviourEvent::Autonat(event) => self.on_autonat(event),
+            MurmurBehaviourEvent::RelayClient(event) => self.on_relay_client(event),
+            MurmurBehaviourEvent::Relay(event) => self.on_relay_server(event),
+            MurmurBehaviourEvent::Dcutr(event) => self.on_dcutr(event),
             MurmurBehaviourEvent::Kad(kad::Event::RoutingUpdated { peer, .. }) => {
                 tracing::debug!(%peer, "dht routing table updated");
             }
@@ -398,6 +435,7 @@ impl NetActor {
         self.invites.verified(id, admitted.expires_at, unix_now());
         if state.admitted.is_none() {
             state.admitted = Some(admitted);
+            self.members.admit(peer);
             state.admitted_on.clone_from(&state.connections);
             self.ctx.metrics.peer_authorized();
             tracing::info!(%peer, expires_at = admitted.expires_at, "peer authorized");
@@ -411,6 +449,19 @@ impl NetActor {
         }
         self.wake_if_ready(&peer);
     }
+}
+
+/// Whether this side dialed `endpoint` from a fresh port: the AutoNAT server's dial-back
+/// to a peer asking whether it is reachable (every other dial of this peer reuses its
+/// listening port).
+fn is_dial_back(endpoint: &ConnectedPoint) -> bool {
+    matches!(
+        endpoint,
+        ConnectedPoint::Dialer {
+            port_use: libp2p::core::transport::PortUse::New,
+            ..
+        }
+    )
 }
 
 /// Whether a hello from an admitted peer, arriving on `connection`, says it restarted.

@@ -237,6 +237,11 @@ impl EngineSwarm {
         &self.peers[id as usize].engine
     }
 
+    /// Peer `id`'s engine, to change what its network tells it (reachability, say).
+    pub fn engine_mut(&mut self, id: u32) -> &mut ModeEngine<u32> {
+        &mut self.peers[id as usize].engine
+    }
+
     /// Samples peer `id` processed.
     pub fn samples(&self, id: u32) -> u64 {
         self.peers[id as usize].samples

@@ -37,7 +37,7 @@ use crate::topology::{Topology, peer_address, router_address, tbf_parameters};
 pub const NAMESPACE_PREFIX: &str = "murmur-nt-";
 
 /// Time limit of each `ip`/`tc` call.
-const TOOL_LIMIT: Duration = Duration::from_secs(10);
+pub(crate) const TOOL_LIMIT: Duration = Duration::from_secs(10);
 /// How long the delay stage may take to open its TUN device, and to report when stopped.
 const DELAY_STAGE_LIMIT: Duration = Duration::from_secs(10);
 /// The TUN device in the router namespace.
@@ -88,14 +88,7 @@ impl Harness {
         check_tool("ip", "iproute2")?;
         check_tool("tc", "iproute2")?;
         topology.validate()?;
-        remove_stale_namespaces()?;
-        crate::interrupt::tear_down_on_interrupt();
-
-        let prefix = format!(
-            "{NAMESPACE_PREFIX}{}-{}",
-            std::process::id(),
-            HARNESS_COUNT.fetch_add(1, Ordering::Relaxed)
-        );
+        let prefix = claim_prefix()?;
         let peers = (0..topology.links.len())
             .map(|peer| format!("{prefix}-peer{peer}"))
             .collect();
@@ -407,7 +400,20 @@ impl Drop for Harness {
     }
 }
 
-fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
+/// Readies this process for a new network of namespaces: deletes those left by dead
+/// processes, makes SIGINT and SIGTERM remove this process's, and returns the prefix of the
+/// new network's namespace names (`murmur-nt-<pid>-<n>`).
+pub(crate) fn claim_prefix() -> Result<String, HarnessError> {
+    remove_stale_namespaces()?;
+    crate::interrupt::tear_down_on_interrupt();
+    Ok(format!(
+        "{NAMESPACE_PREFIX}{}-{}",
+        std::process::id(),
+        HARNESS_COUNT.fetch_add(1, Ordering::Relaxed)
+    ))
+}
+
+pub(crate) fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
     let mut command = Command::new("ip");
     command
         .args(["netns", "exec", namespace])
@@ -415,20 +421,23 @@ fn in_namespace(namespace: &str, program: impl AsRef<OsStr>) -> Command {
     command
 }
 
-fn tool(program: &str, args: &[&str]) -> Result<(), HarnessError> {
+pub(crate) fn tool(program: &str, args: &[&str]) -> Result<(), HarnessError> {
     let mut command = Command::new(program);
     command.args(args);
     run_checked(command, TOOL_LIMIT).map(drop)
 }
 
-fn ip_in(namespace: &str, args: &[&str]) -> Result<(), HarnessError> {
+pub(crate) fn ip_in(namespace: &str, args: &[&str]) -> Result<(), HarnessError> {
     let mut full = vec!["-n", namespace];
     full.extend_from_slice(args);
     tool("ip", &full)
 }
 
 /// Writes `/proc/sys` settings inside `namespace`; optional ones are skipped when absent.
-fn write_sysctls(namespace: &str, settings: &[(&str, &str, bool)]) -> Result<(), HarnessError> {
+pub(crate) fn write_sysctls(
+    namespace: &str,
+    settings: &[(&str, &str, bool)],
+) -> Result<(), HarnessError> {
     // The paths and values are constants of this file, never input, so the script is fixed.
     let script: Vec<String> = settings
         .iter()
@@ -446,7 +455,7 @@ fn write_sysctls(namespace: &str, settings: &[(&str, &str, bool)]) -> Result<(),
     run_checked(command, TOOL_LIMIT).map(drop)
 }
 
-fn check_root() -> Result<(), HarnessError> {
+pub(crate) fn check_root() -> Result<(), HarnessError> {
     // SAFETY: `geteuid` has no preconditions and cannot fail.
     let euid = unsafe { libc::geteuid() };
     if euid == 0 {
@@ -456,7 +465,7 @@ fn check_root() -> Result<(), HarnessError> {
     }
 }
 
-fn check_tool(program: &'static str, package: &'static str) -> Result<(), HarnessError> {
+pub(crate) fn check_tool(program: &'static str, package: &'static str) -> Result<(), HarnessError> {
     let mut command = Command::new(program);
     command.arg("-V");
     match run_bounded(command, TOOL_LIMIT) {
@@ -529,7 +538,7 @@ fn namespace_exists(namespace: &str) -> bool {
 }
 
 /// Kills every process inside `namespace`, then deletes it.
-fn remove_namespace(namespace: &str) -> Result<(), HarnessError> {
+pub(crate) fn remove_namespace(namespace: &str) -> Result<(), HarnessError> {
     let mut command = Command::new("ip");
     command.args(["netns", "pids", namespace]);
     let pids = run_checked(command, TOOL_LIMIT)?;

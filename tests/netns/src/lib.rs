@@ -5,6 +5,7 @@ mod error;
 mod exec;
 mod harness;
 mod interrupt;
+pub mod nat;
 pub mod packet;
 mod partition;
 mod probe;

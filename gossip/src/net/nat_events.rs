@@ -1,0 +1,319 @@
+//! How the network task follows reachability, relays and hole punches (see the `nat`
+//! module for what each protocol does).
+//!
+//! - AutoNAT's verdict is kept in the metrics (`/status` and `murmur_net_reachability`
+//!   read it). When it says *private* and `[net.relay] reserve` is `auto`, this peer takes a
+//!   reservation on up to [`MAX_RELAYS`] relaying members; with `always` it does so on
+//!   meeting them. Its relayed address is then one of its listen addresses, which identify
+//!   and the DHT hand to the other members, who can dial it through the relay.
+//! - A relaying member is one whose identify lists the relay's hop protocol; it is
+//!   reserved on at the address this peer dialed it at (or, for a member that dialed us,
+//!   the first direct address it listens on).
+//! - Every connection is counted by kind: direct, relayed, or made direct by DCUtR.
+
+use std::collections::HashMap;
+
+use libp2p::core::ConnectedPoint;
+use libp2p::core::transport::ListenerId;
+use libp2p::multiaddr::Protocol;
+use libp2p::swarm::ConnectionId;
+use libp2p::{Multiaddr, PeerId, StreamProtocol, autonat, dcutr, relay};
+
+use super::actor::NetActor;
+use super::metrics::ConnectionKind;
+use super::nat::{Reachability, RelayReserve};
+
+/// Relays this peer holds a reservation on at most: one more than it needs, in case one
+/// leaves.
+pub(crate) const MAX_RELAYS: usize = 2;
+
+/// What the network task knows about relays and connection kinds.
+#[derive(Debug, Default)]
+pub(crate) struct NatState {
+    /// The kind of each open connection.
+    kinds: HashMap<ConnectionId, ConnectionKind>,
+    /// Admitted members that serve as relays, and an address to reserve at.
+    relays: HashMap<PeerId, Multiaddr>,
+    /// Where we dialed each connection, while it is open: a relay is reserved on there.
+    dialed_at: HashMap<ConnectionId, Multiaddr>,
+    /// Reservations asked for or held: the listener on each relay.
+    reservations: HashMap<ListenerId, PeerId>,
+}
+
+impl NatState {
+    /// A connection opened: counted by kind.
+    pub(crate) fn opened(
+        &mut self,
+        connection: ConnectionId,
+        endpoint: &ConnectedPoint,
+        metrics: &super::NetMetrics,
+    ) {
+        let kind = if endpoint.is_relayed() {
+            ConnectionKind::Relayed
+        } else {
+            ConnectionKind::Direct
+        };
+        if self.kinds.contains_key(&connection) {
+            // DCUtR reported it first.
+            return;
+        }
+        if let ConnectedPoint::Dialer { address, .. } = endpoint
+            && kind == ConnectionKind::Direct
+        {
+            self.dialed_at.insert(connection, address.clone());
+        }
+        self.kinds.insert(connection, kind);
+        metrics.connection(kind, true);
+    }
+
+    /// A connection closed.
+    pub(crate) fn closed(&mut self, connection: ConnectionId, metrics: &super::NetMetrics) {
+        self.dialed_at.remove(&connection);
+        if let Some(kind) = self.kinds.remove(&connection) {
+            metrics.connection(kind, false);
+        }
+    }
+
+    /// DCUtR made `connection` a direct one out of a relayed one.
+    fn hole_punched(&mut self, connection: ConnectionId, metrics: &super::NetMetrics) {
+        match self.kinds.insert(connection, ConnectionKind::HolePunched) {
+            Some(ConnectionKind::HolePunched) => return,
+            Some(kind) => metrics.connection(kind, false),
+            None => {}
+        }
+        metrics.connection(ConnectionKind::HolePunched, true);
+    }
+
+    /// A listener closed: if it was a reservation, the relay may be reserved on again.
+    pub(crate) fn listener_closed(&mut self, listener: ListenerId) -> Option<PeerId> {
+        self.reservations.remove(&listener)
+    }
+
+    /// A member left: it relays no more.
+    pub(crate) fn forget(&mut self, peer: &PeerId) {
+        self.relays.remove(peer);
+    }
+
+    /// Which of `connections` go through a relay.
+    fn relayed_connections(&self, connections: &[ConnectionId]) -> Vec<ConnectionId> {
+        connections
+            .iter()
+            .filter(|c| self.kinds.get(c) == Some(&ConnectionKind::Relayed))
+            .copied()
+            .collect()
+    }
+
+    fn reserved_on(&self, relay: &PeerId) -> bool {
+        self.reservations.values().any(|r| r == relay)
+    }
+}
+
+impl NetActor {
+    /// What identify told of an admitted peer: whether it serves as a relay.
+    pub(crate) fn on_identified(
+        &mut self,
+        peer: PeerId,
+        connection: ConnectionId,
+        protocols: &[StreamProtocol],
+        listen_addrs: &[Multiaddr],
+    ) {
+        let relays = protocols.contains(&relay::HOP_PROTOCOL_NAME);
+        let admitted = self.peers.get(&peer).is_some_and(|s| s.admitted.is_some());
+        if !relays || !admitted || peer == *self.swarm.local_peer_id() {
+            return;
+        }
+        let at = self.nat.dialed_at.get(&connection).cloned().or_else(|| {
+            listen_addrs
+                .iter()
+                .find(|a| !a.iter().any(|p| p == Protocol::P2pCircuit))
+                .cloned()
+        });
+        let Some(mut at) = at else {
+            return;
+        };
+        if matches!(at.iter().last(), Some(Protocol::P2p(_))) {
+            at.pop();
+        }
+        if self.nat.relays.insert(peer, at).is_none() {
+            tracing::info!(%peer, "member serves as a relay");
+        }
+        self.reserve_if_needed();
+    }
+
+    /// Takes reservations on relaying members, up to [`MAX_RELAYS`], if this peer needs
+    /// them: `[net.relay] reserve` is `always`, or it is `auto` and AutoNAT found this peer
+    /// private.
+    fn reserve_if_needed(&mut self) {
+        let wanted = match self.config.raw.relay.reserve {
+            RelayReserve::Always => true,
+            RelayReserve::Auto => self.ctx.metrics.reachability() == Reachability::Private,
+            RelayReserve::Never => false,
+        };
+        if !wanted {
+            return;
+        }
+        let mut candidates: Vec<(PeerId, Multiaddr)> = self
+            .nat
+            .relays
+            .iter()
+            .filter(|(relay, _)| !self.nat.reserved_on(relay))
+            .map(|(relay, at)| (*relay, at.clone()))
+            .collect();
+        candidates.sort_by_key(|(relay, _)| *relay);
+        for (relay, at) in candidates {
+            if self.nat.reservations.len() >= MAX_RELAYS {
+                break;
+            }
+            let circuit = at.with(Protocol::P2p(relay)).with(Protocol::P2pCircuit);
+            match self.swarm.listen_on(circuit.clone()) {
+                Ok(listener) => {
+                    tracing::info!(%relay, address = %circuit, "asking a relay for a reservation");
+                    self.nat.reservations.insert(listener, relay);
+                }
+                Err(e) => {
+                    tracing::warn!(%relay, address = %circuit, error = %e, "cannot listen through a relay");
+                }
+            }
+        }
+    }
+
+    /// A new listen address. A relay announces its own as external: relays serve from
+    /// addresses others can dial.
+    pub(crate) fn on_listening(&mut self, address: &Multiaddr) {
+        let relayed = address.iter().any(|p| p == Protocol::P2pCircuit);
+        if relayed {
+            tracing::info!(%address, "reachable through a relay");
+            return;
+        }
+        if !self.config.raw.relay.serve {
+            return;
+        }
+        let loopback = address.iter().any(|p| match p {
+            Protocol::Ip4(ip) => ip.is_loopback(),
+            Protocol::Ip6(ip) => ip.is_loopback(),
+            _ => false,
+        });
+        // A loopback address only when loopback is what the config listens on.
+        let loopback_configured = self.config.listen_addrs.iter().any(|a| {
+            a.iter().any(|p| match p {
+                Protocol::Ip4(ip) => ip.is_loopback(),
+                Protocol::Ip6(ip) => ip.is_loopback(),
+                _ => false,
+            })
+        });
+        if !loopback || loopback_configured {
+            self.swarm.add_external_address(address.clone());
+        }
+    }
+
+    /// A listener closed; a lost reservation is asked for again from another relay, or
+    /// from the same one when it is met again.
+    pub(crate) fn on_listener_closed(&mut self, listener: ListenerId) {
+        if let Some(relay) = self.nat.listener_closed(listener) {
+            tracing::info!(%relay, "reservation on a relay ended");
+            self.reserve_if_needed();
+        }
+    }
+
+    pub(crate) fn on_autonat(&mut self, event: autonat::Event) {
+        let autonat::Event::StatusChanged { old, new } = event else {
+            return;
+        };
+        let reachability = match &new {
+            autonat::NatStatus::Public(_) => Reachability::Public,
+            autonat::NatStatus::Private => Reachability::Private,
+            autonat::NatStatus::Unknown => Reachability::Unknown,
+        };
+        tracing::info!(
+            reachability = reachability.name(),
+            was = ?old,
+            now = ?new,
+            "reachability changed"
+        );
+        self.ctx.metrics.set_reachability(reachability);
+        self.reserve_if_needed();
+    }
+
+    pub(crate) fn on_relay_client(&mut self, event: relay::client::Event) {
+        match event {
+            relay::client::Event::ReservationReqAccepted {
+                relay_peer_id,
+                renewal: false,
+                ..
+            } => tracing::info!(relay = %relay_peer_id, "relay granted a reservation"),
+            relay::client::Event::InboundCircuitEstablished { src_peer_id, .. } => {
+                tracing::debug!(peer = %src_peer_id, "a member reached this peer through a relay");
+            }
+            relay::client::Event::OutboundCircuitEstablished { relay_peer_id, .. } => {
+                tracing::debug!(relay = %relay_peer_id, "reached a member through a relay");
+            }
+            relay::client::Event::ReservationReqAccepted { .. } => {}
+        }
+    }
+
+    pub(crate) fn on_relay_server(&mut self, event: relay::Event) {
+        let metrics = &self.ctx.metrics;
+        match event {
+            relay::Event::ReservationReqAccepted {
+                src_peer_id,
+                renewed,
+            } => {
+                metrics.relay_reservation_accepted();
+                if !renewed {
+                    tracing::info!(peer = %src_peer_id, "relay reservation granted");
+                }
+            }
+            relay::Event::CircuitReqAccepted {
+                src_peer_id,
+                dst_peer_id,
+            } => {
+                metrics.relay_circuit_accepted();
+                tracing::info!(from = %src_peer_id, to = %dst_peer_id, "relaying a circuit");
+            }
+            relay::Event::ReservationReqDenied {
+                src_peer_id,
+                status,
+            } => tracing::info!(peer = %src_peer_id, ?status, "relay reservation refused"),
+            relay::Event::CircuitReqDenied {
+                src_peer_id,
+                dst_peer_id,
+                status,
+            } => {
+                tracing::info!(from = %src_peer_id, to = %dst_peer_id, ?status, "relay circuit refused")
+            }
+            relay::Event::CircuitClosed {
+                src_peer_id,
+                dst_peer_id,
+                error,
+            } => {
+                tracing::debug!(from = %src_peer_id, to = %dst_peer_id, ?error, "relayed circuit closed")
+            }
+            other => tracing::debug!(event = ?other, "relay"),
+        }
+    }
+
+    pub(crate) fn on_dcutr(&mut self, event: dcutr::Event) {
+        let peer = event.remote_peer_id;
+        match event.result {
+            Ok(connection) => {
+                self.ctx.metrics.hole_punch(true);
+                self.nat.hole_punched(connection, &self.ctx.metrics);
+                tracing::info!(%peer, "hole punch succeeded: direct connection");
+                // Streams pick among a peer's connections at random: the relayed ones go,
+                // so that tensors take the direct path and spare the relay.
+                let relayed = self.nat.relayed_connections(
+                    self.peers
+                        .get(&peer)
+                        .map_or(&[][..], |s| &s.connections[..]),
+                );
+                for relayed in relayed {
+                    self.swarm.close_connection(relayed);
+                }
+            }
+            Err(error) => {
+                self.ctx.metrics.hole_punch(false);
+                tracing::info!(%peer, %error, "hole punch failed: staying on the relay");
+            }
+        }
+    }
+}
