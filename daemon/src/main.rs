@@ -3,6 +3,7 @@
 //! Today the binary carries the researcher's tools; the daemon proper (`run`, `local`)
 //! builds on them.
 
+mod allocator;
 mod bench;
 mod checkpoint;
 mod cli;
@@ -33,6 +34,11 @@ fn main() -> ExitCode {
     // daemon whose sockets must report a closed peer as an error, not kill the process, and
     // its progress writer already carries on when its stdout is closed.
     set_sigpipe(libc::SIG_DFL);
+    if !allocator::return_large_buffers_to_the_kernel() {
+        eprintln!(
+            "murmur: warning: the allocator refused a fixed mmap threshold; freed buffers may stay resident"
+        );
+    }
     let cli = cli::Cli::parse();
     if matches!(cli.command, cli::Command::Run(_)) {
         set_sigpipe(libc::SIG_IGN);

@@ -393,8 +393,16 @@ fn a_relayed_connection_ends_at_the_relays_byte_cap_and_training_goes_on() {
     });
     let before = circuits(&members);
     let (peer, _, _) = &mut members.private[0];
+    // A member whose circuit was just cut counts one peer fewer until it opens another:
+    // counted over the 10 s, not at their end.
+    let (mut lines, mut with_both) = (0u32, 0u32);
     let later = peer.wait_for("10 s more", PATIENCE, |l| {
-        l.is("progress") && l.at > first.at + Duration::from_secs(10)
+        if !l.is("progress") {
+            return false;
+        }
+        lines += 1;
+        with_both += u32::from(l.u64("peers") == 2);
+        l.at > first.at + Duration::from_secs(10)
     });
     let after = circuits(&members);
     let received = later.u64("bytes_received") - first.u64("bytes_received");
@@ -423,7 +431,11 @@ fn a_relayed_connection_ends_at_the_relays_byte_cap_and_training_goes_on() {
         "{moved} bytes relayed, bound {bound}"
     );
     assert!(later.u64("step") > first.u64("step"));
-    assert_eq!(later.u64("peers"), 2);
+    eprintln!("with both others in {with_both} of {lines} progress lines");
+    assert!(
+        with_both * 4 >= lines * 3,
+        "the member trained with both others in only {with_both} of {lines} progress lines"
+    );
 }
 
 #[test]
