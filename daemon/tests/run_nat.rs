@@ -19,171 +19,25 @@
 //! Needs root, `ip` and `nft` (`scripts/setup.sh` installs nftables); fails, not skips,
 //! without them, like the other namespace tests.
 
+mod nat_support;
 mod run_support;
 
 use std::time::{Duration, Instant};
 
 use murmur_netns::nat::{NatHost, NatKind, NatNetwork};
-use run_support::{PeerDir, PeerSettings, RunningPeer, Swarm, exclusive};
-use serde_json::Value;
+use nat_support::{
+    Members, PATIENCE, POLL, PROBE_INTERVAL_MS, count, log_time, metric, start, start_in_mode,
+    start_with, status, wait_reachability,
+};
+use run_support::{PeerSettings, RunningPeer, Swarm, exclusive};
 
-/// How long the members may take to start, learn their reachability, reserve and meet.
-const PATIENCE: Duration = Duration::from_secs(90);
 /// The longest a hole punch may take after the two private members first connect through
 /// the relay.
 const PUNCH_WITHIN: Duration = Duration::from_secs(10);
 /// `[net.relay] max_circuit_bytes` of the relay behind symmetric NATs.
 const CIRCUIT_CAP: u64 = 1 << 20;
-/// How often `/status` is read while waiting.
-const POLL: Duration = Duration::from_millis(250);
 /// Direct router-to-router bytes the private members must exchange after the hole punch.
 const MIN_DIRECT_BYTES: u64 = 1 << 20;
-
-/// Settings shared by the three members: fast probes and DHT walks, `/status` served.
-fn settings(
-    network: &NatNetwork,
-    host: NatHost,
-    port: u16,
-    bootstrap: Vec<String>,
-) -> PeerSettings {
-    let address = network.address(host);
-    PeerSettings {
-        namespace: Some(network.namespace(host)),
-        // QUIC, and TCP for where UDP is blocked.
-        listen_addrs: vec![
-            format!("/ip4/{address}/udp/{port}/quic-v1"),
-            format!("/ip4/{address}/tcp/{port}"),
-        ],
-        bootstrap,
-        metrics: true,
-        net_keys: vec![
-            ("reachability_probe_interval_ms", 2_000),
-            ("dht_refresh_interval_ms", 2_000),
-        ],
-        ..PeerSettings::default()
-    }
-}
-
-/// The three members running on `network`, the relay first.
-struct Members {
-    relay: (RunningPeer, std::net::SocketAddr),
-    private: Vec<(RunningPeer, std::net::SocketAddr, PeerDir)>,
-}
-
-fn start(network: &NatNetwork, swarm: &Swarm) -> Members {
-    start_in_mode(network, swarm, "sgp", "")
-}
-
-/// The relay serves with `relay_keys` added to its `[net.relay]` table.
-fn start_in_mode(network: &NatNetwork, swarm: &Swarm, mode: &str, relay_keys: &str) -> Members {
-    start_with(network, swarm, mode, relay_keys, 0, &|_| String::new())
-}
-
-/// The same, each member stopping after `steps` (0: until stopped), and member `i` (0 the
-/// relay) with `tables(i)` added to its config.
-fn start_with(
-    network: &NatNetwork,
-    swarm: &Swarm,
-    mode: &str,
-    relay_keys: &str,
-    steps: u64,
-    tables: &dyn Fn(u8) -> String,
-) -> Members {
-    let relay_dir = swarm.add_peer("relay");
-    let mut relay_settings = settings(network, NatHost::Public, 7000, Vec::new());
-    relay_settings.extra = format!("\n[net.relay]\nserve = true\n{relay_keys}{}", tables(0));
-    relay_settings.mode = mode.to_owned();
-    relay_settings.steps = steps;
-    relay_dir.write_config(&relay_settings);
-    let mut relay = relay_dir.start();
-    let ready = relay.ready();
-    let relay_addrs: Vec<String> = ready.json["listen"]
-        .as_array()
-        .expect("the relay's listen addresses")
-        .iter()
-        .filter_map(|a| Some(a.as_str()?.to_owned()))
-        .collect();
-    let relay_metrics = ready.metrics_addr();
-    let mut private = Vec::new();
-    for n in 1..=2u8 {
-        let host = NatHost::Private(n);
-        let dir = swarm.add_peer(&format!("private{n}"));
-        dir.write_config(&PeerSettings {
-            mode: mode.to_owned(),
-            steps,
-            extra: tables(n),
-            ..settings(network, host, 7000 + u16::from(n), relay_addrs.clone())
-        });
-        let mut peer = dir.start();
-        let metrics = peer.ready().metrics_addr();
-        private.push((peer, metrics, dir));
-    }
-    Members {
-        relay: (relay, relay_metrics),
-        private,
-    }
-}
-
-fn status(network: &NatNetwork, host: NatHost, addr: std::net::SocketAddr) -> Value {
-    let body = network
-        .http_get(host, addr, "/status", Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("/status of {host:?}: {e}"));
-    serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status of {host:?}: {e}: {body}"))
-}
-
-/// The value of the first sample of `/metrics` whose line starts with `series`.
-fn metric(network: &NatNetwork, host: NatHost, addr: std::net::SocketAddr, series: &str) -> f64 {
-    let body = network
-        .http_get(host, addr, "/metrics", Duration::from_secs(5))
-        .unwrap_or_else(|e| panic!("/metrics of {host:?}: {e}"));
-    body.lines()
-        .find(|l| l.starts_with(series))
-        .and_then(|l| l.split_whitespace().last()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
-/// The time of day, in seconds, of the first log line holding `needle` (log lines start
-/// with an RFC 3339 UTC timestamp).
-fn log_time(log: &str, needle: &str) -> Option<f64> {
-    let line = log.lines().find(|l| l.contains(needle))?;
-    let clock = line
-        .split_whitespace()
-        .next()?
-        .split('T')
-        .nth(1)?
-        .trim_end_matches('Z');
-    let mut parts = clock.split(':');
-    let hours: f64 = parts.next()?.parse().ok()?;
-    let minutes: f64 = parts.next()?.parse().ok()?;
-    let seconds: f64 = parts.next()?.parse().ok()?;
-    Some(hours * 3600.0 + minutes * 60.0 + seconds)
-}
-
-/// Waits until `host`'s `/status` says `reachability`: AutoNAT's verdict comes a probe or
-/// two after start, later when a member it asks is busy with another dial-back.
-fn wait_reachability(
-    network: &NatNetwork,
-    host: NatHost,
-    addr: std::net::SocketAddr,
-    reachability: &str,
-) {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let s = status(network, host, addr);
-        if s["reachability"] == reachability {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{host:?} is not {reachability}: {s}"
-        );
-        std::thread::sleep(POLL);
-    }
-}
-
-fn count(status: &Value, kind: &str) -> u64 {
-    status["connections"][kind].as_u64().unwrap_or(0)
-}
 
 #[test]
 fn behind_cone_nats_members_meet_through_the_relay_then_connect_directly() {
@@ -568,7 +422,15 @@ fn behind_cone_nats_three_members_train_to_the_loss_of_the_same_swarm_without_na
 
     let network = NatNetwork::build(NatKind::Cone).expect("the NAT network");
     let swarm = Swarm::create();
-    let mut members = start_with(&network, &swarm, "sgp", "", QUALITY_STEPS, &own_community);
+    let mut members = start_with(
+        &network,
+        &swarm,
+        "sgp",
+        "",
+        QUALITY_STEPS,
+        &own_community,
+        PROBE_INTERVAL_MS,
+    );
     let (relay, _) = &mut members.relay;
     let [(a, _, _), (b, _, _)] = &mut members.private[..] else {
         unreachable!("two private members")

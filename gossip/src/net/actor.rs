@@ -370,6 +370,7 @@ impl NetActor {
     fn on_tick(&mut self) {
         let now = Instant::now();
         self.revocations_tick(now);
+        self.nat_tick(now);
         let now_unix = unix_now();
         let auth_timeout = ValidConfig::ms(self.config.raw.auth_timeout_ms);
         let mut timed_out = Vec::new();

@@ -252,3 +252,39 @@ fn relay_config(
         ))],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use murmur_protocol::identity::Keypair;
+
+    use super::*;
+    use crate::net::config::NetConfig;
+
+    /// Every `[net.relay]` limit reaches libp2p's relay as configured; the relay enforces
+    /// them (`daemon/tests/run_nat*.rs` show `max_reservations`, `max_circuit_bytes` and
+    /// `max_circuit_duration_ms` acting on real processes).
+    #[test]
+    fn the_relay_is_built_with_the_configured_limits() {
+        let mut raw = NetConfig {
+            swarm_id: "demo".to_owned(),
+            authority: Keypair::from_seed([1; 32]).peer_id().to_string(),
+            invite: vec![1, 2, 3],
+            ..NetConfig::default()
+        };
+        raw.relay.serve = true;
+        raw.relay.max_reservations = 5;
+        raw.relay.max_circuits = 7;
+        raw.relay.max_circuits_per_peer = 3;
+        raw.relay.max_circuit_bytes = 1 << 20;
+        raw.relay.max_circuit_duration_ms = 4_000;
+        let config = raw.validate().unwrap_or_else(|e| panic!("{e}"));
+        let relay = relay_config(&config, &Members::default(), Arc::default());
+        assert_eq!(relay.max_reservations, 5);
+        assert_eq!(relay.max_circuits, 7);
+        assert_eq!(relay.max_circuits_per_peer, 3);
+        assert_eq!(relay.max_circuit_bytes, 1 << 20);
+        assert_eq!(relay.max_circuit_duration, Duration::from_secs(4));
+        assert_eq!(relay.reservation_rate_limiters.len(), 1, "members only");
+        assert_eq!(relay.circuit_src_rate_limiters.len(), 1, "members only");
+    }
+}

@@ -12,6 +12,7 @@
 //! - Every connection is counted by kind: direct, relayed, or made direct by DCUtR.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use libp2p::core::ConnectedPoint;
 use libp2p::core::transport::ListenerId;
@@ -27,6 +28,10 @@ use super::nat::{Reachability, RelayReserve};
 /// leaves.
 pub(crate) const MAX_RELAYS: usize = 2;
 
+/// How long after a reservation on a relay ends (refused, say because the relay holds
+/// `max_reservations` already, or closed) this peer waits before asking that relay again.
+pub(crate) const RESERVE_RETRY: Duration = Duration::from_secs(10);
+
 /// What the network task knows about relays and connection kinds.
 #[derive(Debug, Default)]
 pub(crate) struct NatState {
@@ -38,6 +43,8 @@ pub(crate) struct NatState {
     dialed_at: HashMap<ConnectionId, Multiaddr>,
     /// Reservations asked for or held: the listener on each relay.
     reservations: HashMap<ListenerId, PeerId>,
+    /// Relays whose reservation ended, and when they may be asked again.
+    resting: HashMap<PeerId, Instant>,
 }
 
 impl NatState {
@@ -84,14 +91,38 @@ impl NatState {
         metrics.connection(ConnectionKind::HolePunched, true);
     }
 
-    /// A listener closed: if it was a reservation, the relay may be reserved on again.
-    pub(crate) fn listener_closed(&mut self, listener: ListenerId) -> Option<PeerId> {
-        self.reservations.remove(&listener)
+    /// A listener closed: if it was a reservation, its relay rests for [`RESERVE_RETRY`]
+    /// before it is asked again.
+    pub(crate) fn listener_closed(&mut self, listener: ListenerId, now: Instant) -> Option<PeerId> {
+        let relay = self.reservations.remove(&listener)?;
+        self.resting.insert(relay, now + RESERVE_RETRY);
+        Some(relay)
     }
 
     /// A member left: it relays no more.
     pub(crate) fn forget(&mut self, peer: &PeerId) {
         self.relays.remove(peer);
+        self.resting.remove(peer);
+    }
+
+    /// Ends the rests that are over; `true` if any was, so reservations may be asked for.
+    fn rested(&mut self, now: Instant) -> bool {
+        let before = self.resting.len();
+        self.resting.retain(|_, until| *until > now);
+        self.resting.len() < before
+    }
+
+    /// Relaying members to ask for a reservation, in a fixed order: those not reserved on
+    /// and not resting.
+    fn candidates(&self) -> Vec<(PeerId, Multiaddr)> {
+        let mut candidates: Vec<(PeerId, Multiaddr)> = self
+            .relays
+            .iter()
+            .filter(|(relay, _)| !self.reserved_on(relay) && !self.resting.contains_key(relay))
+            .map(|(relay, at)| (*relay, at.clone()))
+            .collect();
+        candidates.sort_by_key(|(relay, _)| *relay);
+        candidates
     }
 
     /// Which of `connections` go through a relay.
@@ -152,15 +183,7 @@ impl NetActor {
         if !wanted {
             return;
         }
-        let mut candidates: Vec<(PeerId, Multiaddr)> = self
-            .nat
-            .relays
-            .iter()
-            .filter(|(relay, _)| !self.nat.reserved_on(relay))
-            .map(|(relay, at)| (*relay, at.clone()))
-            .collect();
-        candidates.sort_by_key(|(relay, _)| *relay);
-        for (relay, at) in candidates {
+        for (relay, at) in self.nat.candidates() {
             if self.nat.reservations.len() >= MAX_RELAYS {
                 break;
             }
@@ -206,11 +229,18 @@ impl NetActor {
         }
     }
 
-    /// A listener closed; a lost reservation is asked for again from another relay, or
-    /// from the same one when it is met again.
+    /// A listener closed; a lost reservation is asked for again from another relay at
+    /// once, from the same one after [`RESERVE_RETRY`].
     pub(crate) fn on_listener_closed(&mut self, listener: ListenerId) {
-        if let Some(relay) = self.nat.listener_closed(listener) {
-            tracing::info!(%relay, "reservation on a relay ended");
+        if let Some(relay) = self.nat.listener_closed(listener, Instant::now()) {
+            tracing::info!(%relay, retry_in_s = RESERVE_RETRY.as_secs(), "reservation on a relay ended");
+            self.reserve_if_needed();
+        }
+    }
+
+    /// On the actor's tick: relays whose rest is over may be asked again.
+    pub(crate) fn nat_tick(&mut self, now: Instant) {
+        if self.nat.rested(now) {
             self.reserve_if_needed();
         }
     }
@@ -315,5 +345,59 @@ impl NetActor {
                 tracing::info!(%peer, %error, "hole punch failed: staying on the relay");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay_at(state: &mut NatState, port: u16) -> PeerId {
+        let relay = PeerId::random();
+        let at: Multiaddr = format!("/ip4/10.0.0.1/udp/{port}/quic-v1").parse().unwrap();
+        state.relays.insert(relay, at);
+        relay
+    }
+
+    /// A relay that refused (or ended) a reservation is not asked again before
+    /// [`RESERVE_RETRY`]: without the rest, a relay at `max_reservations` was asked again
+    /// the moment it refused, without end.
+    #[test]
+    fn a_relay_whose_reservation_ended_rests_before_it_is_asked_again() {
+        let mut state = NatState::default();
+        let relay = relay_at(&mut state, 7000);
+        let other = relay_at(&mut state, 7001);
+        let listener = ListenerId::next();
+        state.reservations.insert(listener, relay);
+        let now = Instant::now();
+        assert_eq!(state.listener_closed(listener, now), Some(relay));
+        let asked: Vec<PeerId> = state.candidates().into_iter().map(|(p, _)| p).collect();
+        assert_eq!(asked, vec![other], "only the relay not resting");
+        assert!(!state.rested(now + RESERVE_RETRY / 2));
+        assert_eq!(state.candidates().len(), 1);
+        assert!(state.rested(now + RESERVE_RETRY));
+        assert_eq!(state.candidates().len(), 2);
+        assert!(
+            !state.rested(now + RESERVE_RETRY * 2),
+            "nothing left to end"
+        );
+    }
+
+    /// A listener that was no reservation sets no relay resting; a relay that left is
+    /// forgotten with its rest.
+    #[test]
+    fn only_reservations_rest_and_a_relay_that_left_is_forgotten() {
+        let mut state = NatState::default();
+        let relay = relay_at(&mut state, 7000);
+        let now = Instant::now();
+        assert_eq!(state.listener_closed(ListenerId::next(), now), None);
+        assert_eq!(state.candidates().len(), 1);
+        let listener = ListenerId::next();
+        state.reservations.insert(listener, relay);
+        assert!(state.candidates().is_empty(), "reserved on already");
+        state.listener_closed(listener, now);
+        state.forget(&relay);
+        assert!(state.candidates().is_empty());
+        assert!(!state.rested(now + RESERVE_RETRY), "its rest went with it");
     }
 }
