@@ -11,6 +11,10 @@
 //! With the threshold fixed at 128 KiB (which also stops the dynamic adjustment) the same
 //! soak held it at about 24 MiB.
 //!
+//! The price: SGP, which allocates its share payloads afresh each round, faults them in
+//! each time; its rounds on loopback took 1.27 to 1.40 times as long in `bench allreduce`
+//! (butterfly, which reuses its buffers, none). BENCHMARKS.md, *Churn soak*.
+//!
 //! Only glibc has `mallopt`; elsewhere this does nothing.
 
 /// Large buffers: mapped on their own at and above this size, and unmapped when freed.
