@@ -97,7 +97,12 @@ pub(crate) struct Swarm {
 impl Swarm {
     /// `murmur swarm new` in a fresh temporary folder.
     pub(crate) fn create() -> Swarm {
-        let root = tempfile::tempdir().expect("a temporary folder");
+        let mut root = tempfile::tempdir().expect("a temporary folder");
+        // Left in place to be read after the test when `MURMUR_TEST_KEEP` is set.
+        if std::env::var_os("MURMUR_TEST_KEEP").is_some() {
+            root.disable_cleanup(true);
+            eprintln!("swarm folder kept: {}", root.path().display());
+        }
         let dir = root.path().to_str().expect("a UTF-8 temp path");
         let out = murmur_cli(&["swarm", "new", "--dir", dir, "--id", SWARM_ID]);
         assert_eq!(field_after(&out, "swarm:"), SWARM_ID);

@@ -32,6 +32,14 @@ pub(crate) const MAX_RELAYS: usize = 2;
 /// `max_reservations` already, or closed) this peer waits before asking that relay again.
 pub(crate) const RESERVE_RETRY: Duration = Duration::from_secs(10);
 
+/// How long a relayed connection stays open after DCUtR made a direct one to the same peer.
+/// The side whose hole punch completes first must not close the relayed connection at once:
+/// the other side may not have finished its end of the direct connection yet, would see its
+/// last connection to the peer close, forget the peer's admission, and drop the peer's
+/// tensor streams until the auth exchange timed out (5.8 s of lost shares, seen in the
+/// cone-NAT test).
+pub(crate) const RELAYED_CLOSE_GRACE: Duration = Duration::from_secs(2);
+
 /// What the network task knows about relays and connection kinds.
 #[derive(Debug, Default)]
 pub(crate) struct NatState {
@@ -45,6 +53,8 @@ pub(crate) struct NatState {
     reservations: HashMap<ListenerId, PeerId>,
     /// Relays whose reservation ended, and when they may be asked again.
     resting: HashMap<PeerId, Instant>,
+    /// Relayed connections made redundant by a hole punch, and when they are closed.
+    redundant: HashMap<ConnectionId, Instant>,
 }
 
 impl NatState {
@@ -76,6 +86,7 @@ impl NatState {
     /// A connection closed.
     pub(crate) fn closed(&mut self, connection: ConnectionId, metrics: &super::NetMetrics) {
         self.dialed_at.remove(&connection);
+        self.redundant.remove(&connection);
         if let Some(kind) = self.kinds.remove(&connection) {
             metrics.connection(kind, false);
         }
@@ -125,13 +136,29 @@ impl NatState {
         candidates
     }
 
-    /// Which of `connections` go through a relay.
-    fn relayed_connections(&self, connections: &[ConnectionId]) -> Vec<ConnectionId> {
-        connections
+    /// The relayed ones among `connections` are closed [`RELAYED_CLOSE_GRACE`] after `now`.
+    fn close_relayed_later(&mut self, connections: &[ConnectionId], now: Instant) {
+        for connection in connections {
+            if self.kinds.get(connection) == Some(&ConnectionKind::Relayed) {
+                self.redundant
+                    .entry(*connection)
+                    .or_insert(now + RELAYED_CLOSE_GRACE);
+            }
+        }
+    }
+
+    /// Redundant relayed connections whose grace is over, taken off the list.
+    fn due_to_close(&mut self, now: Instant) -> Vec<ConnectionId> {
+        let due: Vec<ConnectionId> = self
+            .redundant
             .iter()
-            .filter(|c| self.kinds.get(c) == Some(&ConnectionKind::Relayed))
-            .copied()
-            .collect()
+            .filter(|(_, at)| **at <= now)
+            .map(|(connection, _)| *connection)
+            .collect();
+        for connection in &due {
+            self.redundant.remove(connection);
+        }
+        due
     }
 
     fn reserved_on(&self, relay: &PeerId) -> bool {
@@ -243,6 +270,9 @@ impl NetActor {
         if self.nat.rested(now) {
             self.reserve_if_needed();
         }
+        for relayed in self.nat.due_to_close(now) {
+            self.swarm.close_connection(relayed);
+        }
     }
 
     pub(crate) fn on_autonat(&mut self, event: autonat::Event) {
@@ -330,15 +360,13 @@ impl NetActor {
                 self.nat.hole_punched(connection, &self.ctx.metrics);
                 tracing::info!(%peer, "hole punch succeeded: direct connection");
                 // Streams pick among a peer's connections at random: the relayed ones go,
-                // so that tensors take the direct path and spare the relay.
-                let relayed = self.nat.relayed_connections(
-                    self.peers
-                        .get(&peer)
-                        .map_or(&[][..], |s| &s.connections[..]),
-                );
-                for relayed in relayed {
-                    self.swarm.close_connection(relayed);
-                }
+                // so that tensors take the direct path and spare the relay; after a grace,
+                // so that the other side has its end of the direct connection first.
+                let connections = self
+                    .peers
+                    .get(&peer)
+                    .map_or(&[][..], |s| &s.connections[..]);
+                self.nat.close_relayed_later(connections, Instant::now());
             }
             Err(error) => {
                 self.ctx.metrics.hole_punch(false);
@@ -399,5 +427,26 @@ mod tests {
         state.forget(&relay);
         assert!(state.candidates().is_empty());
         assert!(!state.rested(now + RESERVE_RETRY), "its rest went with it");
+    }
+
+    /// After a hole punch the relayed connection to the peer is closed only once the grace
+    /// is over, the direct one never, and one that closed meanwhile is not closed again.
+    #[test]
+    fn relayed_connections_made_redundant_close_after_the_grace() {
+        let mut state = NatState::default();
+        let relayed = ConnectionId::new_unchecked(1);
+        let direct = ConnectionId::new_unchecked(2);
+        let gone = ConnectionId::new_unchecked(3);
+        let metrics = super::super::NetMetrics::default();
+        state.kinds.insert(relayed, ConnectionKind::Relayed);
+        state.kinds.insert(gone, ConnectionKind::Relayed);
+        state.kinds.insert(direct, ConnectionKind::HolePunched);
+        let now = Instant::now();
+        state.close_relayed_later(&[relayed, direct, gone], now);
+        assert!(state.due_to_close(now).is_empty(), "not before the grace");
+        state.closed(gone, &metrics);
+        let later = now + RELAYED_CLOSE_GRACE;
+        assert_eq!(state.due_to_close(later), vec![relayed]);
+        assert!(state.due_to_close(later).is_empty(), "closed once");
     }
 }
