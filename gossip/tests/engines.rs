@@ -368,6 +368,53 @@ fn a_member_silent_for_three_of_its_steps_is_not_waited_for() {
     );
 }
 
+/// A member killed and started again under the same key before anyone noticed its silence
+/// (`murmur local --churn` restarts a peer 2 s after `kill -9`; on a loaded host the others
+/// may not have judged it quiet by then) heartbeats again, but at round 0: its new process
+/// holds nothing of the round or group the old one was in. Its heartbeats going back in
+/// rounds tell the others so, and nobody waits for it. At 16 restart moments no survivor's
+/// gathering nor round takes 500 ms (before, the restarted member's heartbeats kept it
+/// from being judged quiet, and the rounds it was in ran to the reducer timeout, 1.5 s).
+#[test]
+fn a_member_restarted_under_the_same_key_is_not_waited_for_in_the_old_ones_round() {
+    let mut slowest = Vec::new();
+    for seed in 0..16u64 {
+        let mut s = scenario(4, seed);
+        s.link.detect_ms = 60_000.0;
+        s.churn = vec![ChurnEvent::Restart {
+            at_ms: 2_000.0 + seed as f64 * 23.0,
+            peer: 2,
+        }];
+        let mode = ModeSettings::Butterfly {
+            target_batch: 3 * 32,
+            butterfly: ButterflyConfig {
+                overlap: true,
+                ..butterfly_config(16)
+            },
+        };
+        let mut config = config(mode, CodecSpec::F32);
+        config.heartbeat_ms = 1000;
+        let mut swarm = EngineSwarm::new(&s, config).unwrap();
+        run(&mut swarm, 6.0);
+        let survivors = || swarm.round_reports().iter().filter(|(p, _)| *p != 2);
+        let gathering = survivors().map(|(_, r)| r.matchmaking).max();
+        let round = survivors().map(|(_, r)| r.finished_after).max();
+        slowest.push((
+            gathering.expect("rounds").as_millis(),
+            round.expect("rounds").as_millis(),
+        ));
+    }
+    let held = slowest
+        .iter()
+        .filter(|&&(gathering, round)| gathering >= 500 || round >= 500)
+        .count();
+    assert_eq!(
+        held, 0,
+        "{held} of 16 restart moments held a survivor 500 ms or more; the slowest gathering \
+         and round per seed, ms: {slowest:?}"
+    );
+}
+
 /// The leader sizes parts by the bandwidth each member declares: with upload caps in the
 /// ratio 1 : 2 : 4 : 8 parts never shrink as bandwidth grows (members too slow to help
 /// reduce nothing, see `butterfly::partition`), the fastest reduces the most, and a member

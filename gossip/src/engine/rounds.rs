@@ -949,6 +949,7 @@ impl<P: PeerKey> RoundEngine<P> {
 
     fn on_member(&mut self, now: Time, event: MemberEvent<P>) -> Result<(), EngineError> {
         if let MemberEvent::Heartbeat(peer, beat) = event {
+            self.restarted(now, peer, &beat)?;
             match beat.looking {
                 Some(looking) => {
                     self.looked.insert(peer, looking.round);
@@ -984,6 +985,37 @@ impl<P: PeerKey> RoundEngine<P> {
         self.leave_a_round_left_behind(now)?;
         // Heartbeats move the swarm's samples: the round may be due now.
         self.maybe_ready(now)
+    }
+
+    /// A member whose heartbeat says a lower round than its last one runs a new process:
+    /// killed and started again under the same key before anyone judged it quiet. A live
+    /// process never moves back in rounds (heartbeats from one signer arrive in order; the
+    /// network layer refuses older ones), and the new one holds nothing of the rounds and
+    /// groups the old one was in: nobody waits for it there, or a running round it was in
+    /// runs to the reducer timeout while its new process heartbeats on. It stays a member.
+    fn restarted(&mut self, now: Time, peer: P, beat: &Beat) -> Result<(), EngineError> {
+        let Some(last) = self.membership.news(&peer).map(|b| b.step) else {
+            return Ok(());
+        };
+        if beat.step >= last {
+            return Ok(());
+        }
+        tracing::debug!(
+            ?peer,
+            from = last,
+            to = beat.step,
+            "a member started again: not waited for in its old rounds"
+        );
+        self.looked.remove(&peer);
+        self.engaged.remove(&peer);
+        self.match_input(now, MatchInput::PeerGone(peer))?;
+        if let Some(collective) = &mut self.collective {
+            collective.member_lost(now, peer)?;
+        }
+        for collective in &mut self.draining {
+            collective.member_lost(now, peer)?;
+        }
+        Ok(())
     }
 
     fn lost(&mut self, now: Time, peer: P) -> Result<(), EngineError> {

@@ -64,17 +64,18 @@ enum Event {
     /// The transport is done with a parcel of `peer`'s.
     Sent {
         peer: u32,
+        incarnation: u32,
         to: u32,
         tag: u64,
         delivered: bool,
         parcel: Parcel<u32>,
     },
     /// `peer`'s trainer finished its work.
-    WorkDone { peer: u32 },
+    WorkDone { peer: u32, incarnation: u32 },
     /// `peer` hears of a membership change.
     Member { peer: u32, event: MemberEvent<u32> },
     /// `peer`'s engine asked for a tick at this time.
-    Tick { peer: u32 },
+    Tick { peer: u32, incarnation: u32 },
     /// Churn event `index` is due.
     Churn { index: usize },
 }
@@ -97,6 +98,39 @@ struct SimPeer {
     samples: u64,
     departed: bool,
     crashed: bool,
+    /// How many times the peer restarted: the transport's reports, the trainer's answers
+    /// and the timers of an earlier process are not the new one's.
+    incarnation: u32,
+}
+
+/// Peer `id`'s engine as its process starts at `now` with `params`: at round 0, every other
+/// of the `n` peers admitted.
+fn fresh_engine(
+    config: &EngineSwarmConfig,
+    id: u32,
+    n: usize,
+    now: Time,
+    params: Vec<f32>,
+) -> Result<ModeEngine<u32>, SimError> {
+    let interval = Duration::from_millis(config.heartbeat_ms.max(1));
+    let mut membership = Membership::new(id, interval, now);
+    for other in 0..n as u32 {
+        membership.note(now, MemberEvent::Admitted(other));
+    }
+    let setup = EngineSetup {
+        seed: config.setup.seed ^ (u64::from(id) << 32 | u64::from(id)),
+        upload_cap: config.upload_caps.get(id as usize).copied().unwrap_or(0),
+        accepts_connections: config.setup.accepts_connections && !config.unreachable.contains(&id),
+        wall_ms_at_zero: 0,
+        ..config.setup.clone()
+    };
+    let start = Start {
+        len: params.len(),
+        params: Some(params),
+        round: 0,
+        local_steps: 0,
+    };
+    Ok(ModeEngine::new(&config.mode, &setup, membership, start)?)
 }
 
 /// A swarm of the daemon's engines in virtual time: see [`crate::sim`].
@@ -124,11 +158,11 @@ impl EngineSwarm {
     pub fn new(scenario: &Scenario, config: EngineSwarmConfig) -> Result<EngineSwarm, SimError> {
         scenario.validate()?;
         for event in &scenario.churn {
-            if !matches!(event, ChurnEvent::Crash { .. } | ChurnEvent::Leave { .. }) {
+            if matches!(event, ChurnEvent::Join { .. }) {
                 return Err(SimError::InvalidScenario {
                     key: "churn.action",
                     value: format!("{event:?}"),
-                    allowed: "crash or leave (an engine swarm has no joiners yet)",
+                    allowed: "crash, leave or restart (an engine swarm has no joiners yet)",
                 });
             }
         }
@@ -146,26 +180,7 @@ impl EngineSwarm {
                 Workload::Consensus => (own, vec![0.0; scenario.vector_len]),
                 Workload::Quadratic { .. } => (shared.clone(), own),
             };
-            let interval = Duration::from_millis(config.heartbeat_ms.max(1));
-            let mut membership = Membership::new(id, interval, Time::ZERO);
-            for other in 0..n as u32 {
-                membership.note(Time::ZERO, MemberEvent::Admitted(other));
-            }
-            let setup = EngineSetup {
-                seed: config.setup.seed ^ (u64::from(id) << 32 | u64::from(id)),
-                upload_cap: config.upload_caps.get(id as usize).copied().unwrap_or(0),
-                accepts_connections: config.setup.accepts_connections
-                    && !config.unreachable.contains(&id),
-                wall_ms_at_zero: 0,
-                ..config.setup.clone()
-            };
-            let start = Start {
-                params: Some(initial.clone()),
-                len: scenario.vector_len,
-                round: 0,
-                local_steps: 0,
-            };
-            let engine = ModeEngine::new(&config.mode, &setup, membership, start)?;
+            let engine = fresh_engine(&config, id, n, Time::ZERO, initial.clone())?;
             let slowdown = scenario
                 .compute
                 .stragglers
@@ -184,6 +199,7 @@ impl EngineSwarm {
                 samples: 0,
                 departed: false,
                 crashed: false,
+                incarnation: 0,
             });
         }
         let mut swarm = EngineSwarm {
@@ -437,12 +453,13 @@ impl EngineSwarm {
             }
             Event::Sent {
                 peer,
+                incarnation,
                 to,
                 tag,
                 delivered,
                 parcel,
             } => {
-                if self.peers[peer as usize].alive {
+                if self.is_running(peer, incarnation) {
                     let input = EngineInput::Sent {
                         to,
                         tag,
@@ -452,9 +469,10 @@ impl EngineSwarm {
                     self.input(peer, input)?;
                 }
             }
-            Event::WorkDone { peer } => {
-                let p = &mut self.peers[peer as usize];
-                if let (true, Some(done)) = (p.alive, p.work.take()) {
+            Event::WorkDone { peer, incarnation } => {
+                if self.is_running(peer, incarnation)
+                    && let Some(done) = self.peers[peer as usize].work.take()
+                {
                     self.input(peer, EngineInput::WorkDone(done))?;
                 }
             }
@@ -463,9 +481,9 @@ impl EngineSwarm {
                     self.input(peer, EngineInput::Member(event))?;
                 }
             }
-            Event::Tick { peer } => {
+            Event::Tick { peer, incarnation } => {
                 let p = &mut self.peers[peer as usize];
-                if p.armed == Some(self.now) {
+                if p.incarnation == incarnation && p.armed == Some(self.now) {
                     p.armed = None;
                     if p.alive {
                         self.input(peer, EngineInput::Tick)?;
@@ -475,10 +493,35 @@ impl EngineSwarm {
             Event::Churn { index } => match self.churn[index].clone() {
                 ChurnEvent::Crash { peer, .. } => self.crash(peer),
                 ChurnEvent::Leave { peer, .. } => self.finish(peer)?,
-                ChurnEvent::Join { .. } | ChurnEvent::Restart { .. } => {}
+                ChurnEvent::Restart { peer, .. } => self.restart(peer)?,
+                ChurnEvent::Join { .. } => {}
             },
         }
         Ok(())
+    }
+
+    /// Whether `incarnation` of peer `id` is the process running now.
+    fn is_running(&self, id: u32, incarnation: u32) -> bool {
+        let peer = &self.peers[id as usize];
+        peer.alive && peer.incarnation == incarnation
+    }
+
+    /// Peer `id`'s process is killed and started again under the same index before anyone
+    /// notices, as `murmur run` restarts under the same key: a fresh engine at round 0 with
+    /// the peer's last parameters, which knows nothing of the rounds and groups the old one
+    /// was in. Parcels in flight to it reach the new one.
+    fn restart(&mut self, id: u32) -> Result<(), SimError> {
+        let n = self.peers.len();
+        let peer = &mut self.peers[id as usize];
+        if !peer.alive || peer.departed {
+            return Ok(());
+        }
+        peer.engine = fresh_engine(&self.config, id, n, self.now, peer.params.clone())?;
+        peer.incarnation += 1;
+        peer.work = None;
+        peer.armed = None;
+        peer.finished = None;
+        self.carry_out(id)
     }
 
     fn crash(&mut self, id: u32) {
@@ -569,14 +612,24 @@ impl EngineSwarm {
             return;
         }
         peer.armed = Some(at);
-        self.queue.push(at, Lane::Normal, Event::Tick { peer: id });
+        let incarnation = peer.incarnation;
+        self.queue.push(
+            at,
+            Lane::Normal,
+            Event::Tick {
+                peer: id,
+                incarnation,
+            },
+        );
     }
 
     fn send(&mut self, from: u32, to: u32, tag: u64, parcel: Parcel<u32>) {
         let reachable = (to as usize) < self.peers.len() && self.peers[to as usize].alive;
+        let incarnation = self.peers[from as usize].incarnation;
         if !reachable {
             let event = Event::Sent {
                 peer: from,
+                incarnation,
                 to,
                 tag,
                 delivered: false,
@@ -597,6 +650,7 @@ impl EngineSwarm {
             Lane::Normal,
             Event::Sent {
                 peer: from,
+                incarnation,
                 to,
                 tag,
                 delivered: true,
@@ -621,6 +675,7 @@ impl EngineSwarm {
         let samples = self.scenario.compute.samples_per_step;
         let spec = self.scenario.compute.clone();
         let peer = &mut self.peers[id as usize];
+        let incarnation = peer.incarnation;
         let took = step_duration(&spec, peer.slowdown, &mut self.rng);
         let (done, at) = match work {
             Work::Gradient { params, mut grad } => {
@@ -663,8 +718,14 @@ impl EngineSwarm {
             }
         };
         peer.work = Some(done);
-        self.queue
-            .push(at, Lane::Normal, Event::WorkDone { peer: id });
+        self.queue.push(
+            at,
+            Lane::Normal,
+            Event::WorkDone {
+                peer: id,
+                incarnation,
+            },
+        );
     }
 
     /// The relative spread of the live peers' parameters around their mean,

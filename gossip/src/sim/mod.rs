@@ -32,8 +32,11 @@
 //!   flight to it reach the new process. In SGP its neighbours go on sending it quantized
 //!   shares built on edge references it lost: it refuses each with a refusal notice that
 //!   crosses the links back to the sender, who takes the share back and shares exactly
-//!   from then on ([`ShareRefusals`] counts them). The synchronous modes have no identity
-//!   to come back under: there a restart is a crash followed at once by a join.
+//!   from then on ([`ShareRefusals`] counts them). The synchronous modes' swarms have no
+//!   identity to come back under: there a restart is a crash followed at once by a join.
+//!   The engine swarm ([`EngineSwarm`]) runs the daemon's engines, which restart as
+//!   `murmur run` does, under the same key: a fresh engine at round 0 with the peer's last
+//!   parameters, knowing nothing of the rounds and groups the old one was in.
 //! - **Byzantine peers** send every SGP share, or contribute every butterfly or ring
 //!   average, sign-flipped and scaled.
 //! - **Synchronous baselines as cost models** (ring, tree, recursive halving/doubling,

@@ -224,7 +224,9 @@ pub enum ChurnEvent {
     /// longer holds; it refuses them and tells each sender, who takes the share back. A
     /// peer that is leaving or gone does not restart. The synchronous modes (butterfly,
     /// sync-ring) know a peer by its place in the membership, not by a key it keeps: there
-    /// a restart is a crash followed at once by a join, under the next unused index.
+    /// a restart is a crash followed at once by a join, under the next unused index. The
+    /// engine swarm restarts the daemon's engine under the same index, as `murmur run`
+    /// restarts under the same key.
     Restart {
         /// When, in milliseconds.
         at_ms: f64,
