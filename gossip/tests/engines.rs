@@ -284,23 +284,49 @@ fn a_crash_leaves_the_survivors_in_one_group() {
 /// still come every step instead of every second step, which would halve the updates.
 #[test]
 fn survivors_one_short_of_the_target_still_average_every_step() {
-    let mut s = scenario(4, 8);
-    s.churn = vec![ChurnEvent::Crash {
-        at_ms: 2_010.0,
-        peer: 2,
-    }];
+    survivors_average_every_step(4, &[2], false);
+}
+
+/// Six peers computing while rounds run (`overlap`, as in the churn soak), a target of one
+/// step from each, and two crash: the four survivors' 128 samples fall as far short of 192
+/// as two steps' 256 overshoot it (64 each way). The round begins now: an update every step
+/// rather than one every second step, at the same samples per second. The churn soak (six
+/// peers, one killed every 2 to 5 s and back about 5 s later) spends much of its time two
+/// down; before, its survivors then took half the updates (20 rounds in 40 steps here,
+/// against 40 in 40 with one down).
+#[test]
+fn survivors_two_short_of_the_target_still_average_every_step() {
+    survivors_average_every_step(6, &[2, 3], true);
+}
+
+/// `peers` peers of batch 32 with a target of one step from each, computing while rounds
+/// run if `overlap`; `crashed` crash at 2 s; from 4 s to 14 s every survivor takes 100
+/// steps or more and a round at least every 1.25 steps.
+fn survivors_average_every_step(peers: u32, crashed: &[u32], overlap: bool) {
+    let mut s = scenario(peers as usize, 8);
+    s.churn = crashed
+        .iter()
+        .map(|&peer| ChurnEvent::Crash {
+            at_ms: 2_010.0,
+            peer,
+        })
+        .collect();
     let mode = ModeSettings::Butterfly {
-        target_batch: 4 * 32,
-        butterfly: butterfly_config(16),
+        target_batch: u64::from(peers) * 32,
+        butterfly: ButterflyConfig {
+            overlap,
+            ..butterfly_config(16)
+        },
     };
     let mut swarm = EngineSwarm::new(&s, config(mode, CodecSpec::F32)).unwrap();
     run(&mut swarm, 4.0);
-    let before: Vec<(usize, u64)> = [0u32, 1, 3]
+    let survivors: Vec<u32> = (0..peers).filter(|p| !crashed.contains(p)).collect();
+    let before: Vec<(usize, u64)> = survivors
         .iter()
         .map(|&peer| (rounds_of(&swarm, peer), swarm.samples(peer)))
         .collect();
     run(&mut swarm, 14.0);
-    for (&peer, (rounds, samples)) in [0u32, 1, 3].iter().zip(before) {
+    for (&peer, (rounds, samples)) in survivors.iter().zip(before) {
         let rounds = (rounds_of(&swarm, peer) - rounds) as f64;
         let steps = (swarm.samples(peer) - samples) as f64 / 32.0;
         assert!(steps >= 100.0, "peer {peer} took {steps} steps in 10 s");

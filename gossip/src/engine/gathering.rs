@@ -71,8 +71,8 @@ impl<P: PeerKey> Gathering<'_, P> {
     /// now than a step later. That is asked only once every member near this round (heard
     /// within [`QUIET_INTERVALS`], at this round or the one before, not looking at a later
     /// one) has reported samples towards it: their next steps then add about `batch_size`
-    /// each, and the round begins now when that would overshoot the target by more than it
-    /// falls short. Without it a swarm one member short of `target_batch / batch_size`
+    /// each, and the round begins now when that would overshoot the target by as much as it
+    /// falls short or more. Without it a swarm one member short of `target_batch / batch_size`
     /// (five peers of batch 16 and a target of 96, after a crash) waits for a second step
     /// from everyone, holds 160 samples a round, and takes half the updates.
     pub(crate) fn nearer_now(&self, gathered: u64, target: u64) -> bool {
@@ -94,7 +94,9 @@ impl<P: PeerKey> Gathering<'_, P> {
             }
         }
         let next_step = self.batch_size.saturating_mul(near);
-        // Short by `target − gathered` now; over by `gathered + next_step − target` later.
-        gathered.saturating_mul(2).saturating_add(next_step) > target.saturating_mul(2)
+        // Short by `target − gathered` now; over by `gathered + next_step − target` later. A
+        // tie begins now: as near the target either way, and an update every step instead
+        // of every second one (two of six members down, say: 64 samples of 96 now or 128).
+        gathered.saturating_mul(2).saturating_add(next_step) >= target.saturating_mul(2)
     }
 }
