@@ -1008,6 +1008,11 @@ impl<P: PeerKey> RoundEngine<P> {
         );
         self.looked.remove(&peer);
         self.engaged.remove(&peer);
+        self.stop_waiting_for(now, peer)
+    }
+
+    /// `peer` takes no more part in this peer's matchmaking or rounds: gone, or a new process.
+    fn stop_waiting_for(&mut self, now: Time, peer: P) -> Result<(), EngineError> {
         self.match_input(now, MatchInput::PeerGone(peer))?;
         if let Some(collective) = &mut self.collective {
             collective.member_lost(now, peer)?;
@@ -1028,13 +1033,7 @@ impl<P: PeerKey> RoundEngine<P> {
             }));
         // A smaller swarm needs a smaller group: a leader holding every member left begins.
         self.matchmaker.set_target_group(self.expected_group());
-        self.match_input(now, MatchInput::PeerGone(peer))?;
-        if let Some(collective) = &mut self.collective {
-            collective.member_lost(now, peer)?;
-        }
-        for collective in &mut self.draining {
-            collective.member_lost(now, peer)?;
-        }
+        self.stop_waiting_for(now, peer)?;
         self.after_round_input(now)
     }
 

@@ -149,15 +149,14 @@ impl NatState {
 
     /// Redundant relayed connections whose grace is over, taken off the list.
     fn due_to_close(&mut self, now: Instant) -> Vec<ConnectionId> {
-        let due: Vec<ConnectionId> = self
-            .redundant
-            .iter()
-            .filter(|(_, at)| **at <= now)
-            .map(|(connection, _)| *connection)
-            .collect();
-        for connection in &due {
-            self.redundant.remove(connection);
-        }
+        let mut due = Vec::new();
+        self.redundant.retain(|connection, at| {
+            let keep = *at > now;
+            if !keep {
+                due.push(*connection);
+            }
+            keep
+        });
         due
     }
 
