@@ -45,9 +45,12 @@ const EXIT_BOUND: Duration = Duration::from_secs(10);
 /// (`max_frame_payload` below), and a ring segment travels in one frame (an SGP share
 /// travels in pieces).
 const MAX_FRAME_ELEMENTS: usize = 16_000_000;
-/// The most elements of a butterfly or ring vector: every peer holds a few copies of it and
-/// an f64 reference mean, so 64 Mi elements already need about 1.5 GiB per peer.
+/// The most elements of a ring or SGP vector: every peer holds a few copies of it (SGP
+/// about twenty), so 64 Mi elements already need gigabytes per peer.
 const MAX_VECTOR_ELEMENTS: usize = 1 << 26;
+/// The most elements of a butterfly vector: a peer holds about two and a half times its
+/// f32 bytes (BENCHMARKS.md), so 2²⁹ elements (2 GiB) need about 5 GiB per peer.
+const MAX_BUTTERFLY_ELEMENTS: usize = 1 << 29;
 /// The frame payload limit written into every peer's config.
 const MAX_FRAME_PAYLOAD: u32 = 64 << 20;
 
@@ -209,8 +212,8 @@ fn check_elements(algo: AveragingMode, peers: usize, elements: usize) -> Result<
             ),
         ),
         AveragingMode::Butterfly => (
-            elements <= MAX_VECTOR_ELEMENTS,
-            format!("1 to {MAX_VECTOR_ELEMENTS} (every peer holds a few copies of the vector)"),
+            elements <= MAX_BUTTERFLY_ELEMENTS,
+            format!("1 to {MAX_BUTTERFLY_ELEMENTS} (every peer holds a few copies of the vector)"),
         ),
         AveragingMode::LocalSgd | AveragingMode::Solo => {
             return Err(BadInput(format!(
@@ -299,14 +302,14 @@ fn run_peers(
         }
     }
     drop(tx);
-    let (rounds, discovery_s) = collect(&rx, args, &mut children)?;
+    let collected = collect(&rx, args, &mut children)?;
     children.release();
     drop(children);
     let logs = args.keep_logs.then(|| dir.root());
     if let Some(logs) = logs {
-        write_round_lines(&logs.join("rounds.jsonl"), &rounds)?;
+        write_round_lines(&logs.join("rounds.jsonl"), &collected.rounds)?;
     }
-    report(args, variant, stream_bps, &rounds, discovery_s, logs)
+    report(args, variant, stream_bps, &collected, logs)
 }
 
 /// Every peer's round lines, one JSON object a line with the peer's index added: what the
@@ -459,13 +462,23 @@ fn spawn_peer(
     Ok(child)
 }
 
-/// Per round, per peer: the round lines.
+/// What the peers said.
+struct Collected {
+    /// Per round, per peer: the round lines.
+    rounds: Vec<Vec<Option<Value>>>,
+    /// When the slowest peer had found every other, in seconds from its start.
+    discovery_s: f64,
+    /// Each peer's peak resident memory, from its `done` line.
+    peak_rss: Vec<Option<u64>>,
+}
+
 fn collect(
     rx: &mpsc::Receiver<(usize, String)>,
     args: &AllreduceArgs,
     children: &mut Children,
-) -> anyhow::Result<(Vec<Vec<Option<Value>>>, f64)> {
+) -> anyhow::Result<Collected> {
     let mut rounds = vec![vec![None; args.peers]; args.rounds as usize];
+    let mut peak_rss = vec![None; args.peers];
     let mut done = vec![false; args.peers];
     let mut killed = false;
     // When the victim is due to die: `--kill-delay-ms` after the first peer finished the
@@ -523,24 +536,33 @@ fn collect(
                 if let Some(error) = value["error"].as_str() {
                     bail!("peer {index} failed: {error}");
                 }
+                peak_rss[index] = value["peak_rss_bytes"].as_u64();
                 done[index] = true;
             }
             _ => {}
         }
     }
     let slowest = discovery.iter().flatten().copied().fold(0.0, f64::max);
-    Ok((rounds, slowest))
+    Ok(Collected {
+        rounds,
+        discovery_s: slowest,
+        peak_rss,
+    })
 }
 
 fn report(
     args: &AllreduceArgs,
     variant: Variant,
     stream_bps: Option<f64>,
-    rounds: &[Vec<Option<Value>>],
-    discovery_s: f64,
+    collected: &Collected,
     logs: Option<&std::path::Path>,
 ) -> anyhow::Result<f64> {
-    let rows = round_rows(args, stream_bps, rounds)?;
+    let discovery_s = collected.discovery_s;
+    let rows = round_rows(args, stream_bps, &collected.rounds)?;
+    // The largest peer's peak resident memory, and that over the vector's f32 bytes.
+    let peak_rss = collected.peak_rss.iter().flatten().copied().max();
+    let vector_bytes = args.elements as f64 * 4.0;
+    let peak_rss_per_vector = peak_rss.map(|b| b as f64 / vector_bytes);
     let median = |key: &str| {
         let mut v: Vec<f64> = rows.iter().filter_map(|r| r[key].as_f64()).collect();
         v.sort_by(f64::total_cmp);
@@ -565,6 +587,8 @@ fn report(
         "median_period_s": median("period_s"),
         "median_efficiency": median("efficiency"),
         "median_rel_error": median("rel_error"),
+        "peak_rss_bytes": peak_rss,
+        "peak_rss_per_vector": peak_rss_per_vector,
         "rounds": rows,
         "logs": logs.map(|dir| dir.display().to_string()),
     });
@@ -615,6 +639,12 @@ fn report(
         median("time_s"),
         median("efficiency")
     );
+    if let (Some(bytes), Some(ratio)) = (peak_rss, peak_rss_per_vector) {
+        println!(
+            "peak resident memory of the largest peer: {:.1} MiB, {ratio:.2}× the vector's f32 bytes",
+            bytes as f64 / f64::from(1 << 20)
+        );
+    }
     if let Some(dir) = logs {
         println!("the peers' logs: {}", dir.display());
     }
@@ -713,8 +743,12 @@ mod tests {
         assert!(ring.0.contains("per peer"), "{ring}");
         assert!(check_elements(AveragingMode::SyncRing, 4, 40_000_000).is_ok());
         let huge = MAX_VECTOR_ELEMENTS + 1;
+        assert!(check_elements(AveragingMode::SyncRing, 32, huge).is_err());
+        // A butterfly peer holds fewer copies: 250 M elements are taken, 2²⁹ + 1 not.
+        assert!(check_elements(AveragingMode::Butterfly, 4, 250_000_000).is_ok());
+        let past = MAX_BUTTERFLY_ELEMENTS + 1;
+        assert!(check_elements(AveragingMode::Butterfly, 32, past).is_err());
         for algo in [AveragingMode::Butterfly, AveragingMode::SyncRing] {
-            assert!(check_elements(algo, 32, huge).is_err(), "{algo:?}");
             assert!(check_elements(algo, 32, 0).is_err(), "{algo:?}");
         }
     }

@@ -2,18 +2,21 @@
 //! vector round after round, printing one JSON line per round (time, bytes sent, relative
 //! error against the exact weighted mean, coverage).
 //!
-//! Peer `i` holds `x_i[k] = (i + 1) · sin(0.001·k + i)` with weight `i + 1`, so every peer
-//! can compute the exact weighted mean of all `N` peers by itself.
+//! Peer `i` contributes `x_i[k] = (i + 1) · sin(0.001·k + i)` with weight `i + 1`, so every
+//! peer can compute the exact weighted mean of all `N` peers by itself. It writes its vector
+//! into the engine's gradient buffer for every round rather than keeping a copy: what a
+//! peer holds is then the engine's memory, which the benchmark reports (`peak_rss_bytes`).
 //!
-//! The error is measured on a fixed sample of the vector ([`sample`]): the first 256
-//! elements of every 4096, a sixteenth of it, in runs that span whole codec blocks. Every
+//! The error is measured on a fixed sample of the vector ([`sample`]): the first 64
+//! elements of every 4096, a sixty-fourth of it, in runs that span whole codec blocks. Every
 //! chunk of every part has elements in it (a chunk is 16 384 elements by default), so a
 //! chunk or part left at local values or averaged wrong shows. A full pass after every
 //! round would compete for the CPU with peers still in that round and slow the very round
-//! it measures; the sample costs a sixteenth of that. The vector and the sample's exact
-//! mean are built once, before the network starts (they take seconds of CPU, which would
-//! keep a one-thread runtime from answering the swarm), and the round's buffers in the
-//! first round.
+//! it measures; the sample costs a sixty-fourth of that, and its exact mean (in f64) a
+//! thirty-second of the vector's f32 bytes in memory. The sample's exact mean is built
+//! once, before the network starts (it takes seconds of CPU at the largest sizes, which
+//! would keep a one-thread runtime from answering the swarm), and the round's buffers in
+//! the first round.
 //!
 //! Each peer runs the daemon's own averaging engine (`murmur_gossip::engine`) behind the
 //! same network driver as `murmur run`; only the trainer is replaced by one that hands the
@@ -53,19 +56,39 @@ const GATHER_BOUND: Duration = Duration::from_secs(60);
 const LINGER_BOUND: Duration = Duration::from_secs(60);
 
 /// Elements at the start of every [`SAMPLE_STRIDE`] that the error is measured on.
-const SAMPLE_RUN: usize = 256;
+const SAMPLE_RUN: usize = 64;
 /// The period of the error's sample.
 const SAMPLE_STRIDE: usize = 4096;
 
-/// Element `k` of peer `index`'s benchmark vector.
-fn element(index: usize, k: usize) -> f32 {
-    (index + 1) as f32 * (0.001 * k as f32 + index as f32).sin()
+/// The angle step between neighbouring elements.
+const STEP: f64 = 0.001;
+
+/// Writes elements `start..start + out.len()` of peer `index`'s benchmark vector,
+/// `x[k] = (index + 1) · sin(0.001·k + index)`, with `start` a multiple of
+/// [`SAMPLE_STRIDE`]. Each block of [`SAMPLE_STRIDE`] elements starts from an exact sine
+/// and cosine and rotates by the step in f64 from there (a nanosecond or two an element,
+/// where `sin` itself takes ten): the vector is written anew for every round instead of
+/// being kept as a copy, and the exact mean ([`exact_mean`]) reads the same values.
+fn fill_elements(index: usize, start: usize, out: &mut [f32]) {
+    debug_assert!(start.is_multiple_of(SAMPLE_STRIDE));
+    let amplitude = (index + 1) as f64;
+    let (step_sin, step_cos) = STEP.sin_cos();
+    for (b, block) in out.chunks_mut(SAMPLE_STRIDE).enumerate() {
+        let first = start + b * SAMPLE_STRIDE;
+        let (mut sin, mut cos) = (STEP * first as f64 + index as f64).sin_cos();
+        for x in block {
+            *x = (amplitude * sin) as f32;
+            (sin, cos) = (
+                sin * step_cos + cos * step_sin,
+                cos * step_cos - sin * step_sin,
+            );
+        }
+    }
 }
 
-/// The benchmark vector of peer `index`, and its weight.
-fn vector_of(index: usize, elements: usize) -> (Vec<f32>, f32) {
-    let x = (0..elements).map(|k| element(index, k)).collect();
-    (x, (index + 1) as f32)
+/// Peer `index`'s weight.
+fn weight_of(index: usize) -> f32 {
+    (index + 1) as f32
 }
 
 /// The indices the error is measured on, in increasing order.
@@ -80,14 +103,23 @@ fn sample(elements: usize) -> impl Iterator<Item = usize> {
 fn exact_mean(peers: usize, elements: usize, weighted: bool) -> Vec<f64> {
     let weight = |i: usize| if weighted { (i + 1) as f64 } else { 1.0 };
     let total: f64 = (0..peers).map(weight).sum();
-    sample(elements)
-        .map(|k| {
-            let sum: f64 = (0..peers)
-                .map(|i| weight(i) * f64::from(element(i, k)))
-                .sum();
-            sum / total
-        })
-        .collect()
+    let mut exact = Vec::with_capacity(elements.div_ceil(SAMPLE_STRIDE) * SAMPLE_RUN);
+    let mut run = [0f32; SAMPLE_RUN];
+    for start in (0..elements).step_by(SAMPLE_STRIDE) {
+        let len = SAMPLE_RUN.min(elements - start);
+        let from = exact.len();
+        exact.resize(from + len, 0.0);
+        for i in 0..peers {
+            fill_elements(i, start, &mut run[..len]);
+            for (e, &x) in exact[from..].iter_mut().zip(&run[..len]) {
+                *e += weight(i) * f64::from(x);
+            }
+        }
+        for e in &mut exact[from..] {
+            *e /= total;
+        }
+    }
+    exact
 }
 
 /// `‖values − exact‖ / ‖exact‖` over the [`sample`], `exact` holding the mean there.
@@ -127,13 +159,11 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
             .build()
     }
     .context("cannot start the async runtime")?;
-    // Built before the network starts: the vector and its exact mean take seconds of CPU,
-    // which must not hold up the runtime that answers the swarm.
-    let (local, weight) = vector_of(args.index, args.elements);
+    // Built before the network starts: the exact mean takes seconds of CPU at the largest
+    // sizes, which must not hold up the runtime that answers the swarm.
     let exact = exact_mean(args.peers, args.elements, args.algo != AveragingMode::Sgp);
     let workload = Workload {
-        local,
-        weight,
+        weight: weight_of(args.index),
         exact,
     };
     runtime.block_on(async move {
@@ -216,9 +246,9 @@ async fn gather(
     Ok(())
 }
 
-/// What a peer averages: its vector, its weight, and the exact mean at the [`sample`].
+/// What a peer averages: its weight, and the exact mean at the [`sample`] (the vector is
+/// written by [`fill_elements`] when it is needed).
 struct Workload {
-    local: Vec<f32>,
     weight: f32,
     exact: Vec<f64>,
 }
@@ -336,11 +366,7 @@ async fn bench(
     .await?;
     // Only peer 0's address was given: the rest were found through the DHT.
     emit(json!({"event": "gathered", "after_s": started.elapsed().as_secs_f64()}));
-    let Workload {
-        local,
-        weight,
-        exact,
-    } = workload;
+    let Workload { weight, exact } = workload;
     let sgp = args.algo == AveragingMode::Sgp;
     let setup = EngineSetup {
         codec: loaded.averaging.codec,
@@ -356,11 +382,14 @@ async fn bench(
     let start = Start {
         // SGP averages the vectors themselves; the round modes average "gradients".
         params: Some(if sgp {
-            local.clone()
+            let mut x = vec![0.0; args.elements];
+            fill_elements(args.index, 0, &mut x);
+            x
         } else {
-            vec![0.0; local.len()]
+            // Never written, so never resident.
+            vec![0.0; args.elements]
         }),
-        len: local.len(),
+        len: args.elements,
         round: 0,
         local_steps: 0,
     };
@@ -388,8 +417,8 @@ async fn bench(
     while let Some(message) = handle.next().await {
         let done = match message {
             FromEngine::Work(Work::Gradient { params, mut grad }) => {
-                grad.clear();
-                grad.extend_from_slice(&local);
+                grad.resize(args.elements, 0.0);
+                fill_elements(args.index, 0, &mut grad);
                 WorkDone::Gradient {
                     params,
                     grad,
@@ -446,6 +475,57 @@ async fn bench(
         .stopped()
         .await
         .context("the averaging engine stopped")?;
-    emit(json!({"event": "done"}));
+    emit(json!({
+        "event": "done",
+        "peak_rss_bytes": crate::observe::process::own_status_bytes("VmHWM:"),
+    }));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rotated blocks give the sine to within f32 rounding, far into a large vector.
+    #[test]
+    fn every_element_is_the_sine_it_names() {
+        for (index, start) in [(0, 0), (3, 250_000_000 / SAMPLE_STRIDE * SAMPLE_STRIDE)] {
+            let mut x = vec![0f32; 3 * SAMPLE_STRIDE + 17];
+            fill_elements(index, start, &mut x);
+            for (offset, &got) in x.iter().enumerate() {
+                let angle = STEP * (start + offset) as f64 + index as f64;
+                let want = (index + 1) as f64 * angle.sin();
+                assert!(
+                    (f64::from(got) - want).abs() < 1e-5,
+                    "peer {index}, element {}: {got} against {want}",
+                    start + offset
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_exact_mean_weighs_each_peer_by_its_index_plus_one() {
+        let elements = 2 * SAMPLE_STRIDE + 100;
+        let exact = exact_mean(3, elements, true);
+        let vectors: Vec<Vec<f32>> = (0..3)
+            .map(|i| {
+                let mut x = vec![0f32; elements];
+                fill_elements(i, 0, &mut x);
+                x
+            })
+            .collect();
+        let indices: Vec<usize> = sample(elements).collect();
+        assert_eq!(indices.len(), exact.len());
+        for (&k, &e) in indices.iter().zip(&exact) {
+            let sum: f64 = (0..3)
+                .map(|i| (i + 1) as f64 * f64::from(vectors[i][k]))
+                .sum();
+            assert!((sum / 6.0 - e).abs() < 1e-12, "element {k}");
+        }
+        let plain = exact_mean(3, elements, false);
+        let k = indices[1];
+        let mean: f64 = (0..3).map(|i| f64::from(vectors[i][k])).sum::<f64>() / 3.0;
+        assert!((plain[1] - mean).abs() < 1e-12);
+    }
 }

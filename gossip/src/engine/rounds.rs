@@ -130,8 +130,13 @@ pub struct RoundEngine<P> {
     params: Option<Vec<f32>>,
     /// The gradient buffer, unless the trainer or a round holds it.
     grad: Option<Vec<f32>>,
-    /// `Σ samples · gradient` since the last contribution (butterfly, sync-ring).
+    /// `Σ samples · gradient` since the last contribution (butterfly, sync-ring), divided by
+    /// `accumulated_scale`. While `samples` is 0 it holds nothing: its memory may be stale,
+    /// or empty, until the next gradient takes its place.
     accumulated: Vec<f32>,
+    /// What `accumulated` is to be multiplied by: the first gradient's weight, which is not
+    /// applied to it (the gradient's own buffer becomes the accumulation, without a copy).
+    accumulated_scale: f32,
     /// Samples behind `accumulated`, or behind the local steps since the last outer step.
     samples: u64,
     /// Local steps taken, this run and before it (the schedule's step for local SGD).
@@ -218,7 +223,8 @@ impl<P: PeerKey> RoundEngine<P> {
             len,
             params: Some(params),
             grad: Some(vec![0.0; len]),
-            accumulated: vec![0.0; len],
+            accumulated: Vec::new(),
+            accumulated_scale: 1.0,
             samples: 0,
             local_step,
             since_outer: 0,
@@ -333,10 +339,10 @@ impl<P: PeerKey> RoundEngine<P> {
                 step: self.local_step,
                 swarm_batch: self.settings.batch_size * (self.membership.len() as u64 + 1),
             },
-            _ => {
-                let grad = self.grad.take().unwrap_or_default();
-                Work::Gradient { params, grad }
-            }
+            _ => Work::Gradient {
+                params,
+                grad: self.gradient_buffer(),
+            },
         };
         self.working = Some(work.kind());
         self.outputs.push_back(EngineOutput::Work(work));
@@ -360,14 +366,11 @@ impl<P: PeerKey> RoundEngine<P> {
                 self.note_rate(samples, took);
                 self.check_len(&params)?;
                 self.check_len(&grad)?;
-                let weight = samples as f32;
-                for (a, &g) in self.accumulated.iter_mut().zip(&grad) {
-                    *a += weight * g;
-                }
+                let spare = self.accumulate(grad, samples);
                 self.samples += samples;
                 self.local_step += 1;
                 self.params = Some(params);
-                self.grad = Some(grad);
+                self.grad = Some(spare);
             }
             WorkDone::Stepped {
                 params,
@@ -432,6 +435,37 @@ impl<P: PeerKey> RoundEngine<P> {
         }
         self.hold_until = Some(now + self.step_took);
         true
+    }
+
+    /// Adds `samples · grad` to the accumulation, and returns the buffer to compute the next
+    /// gradient in. The first gradient after a contribution was taken becomes the
+    /// accumulation itself, its weight kept in `accumulated_scale` rather than multiplied
+    /// in: a peer that contributes one gradient per round then never copies its gradient,
+    /// and holds two vectors for it and the round's result instead of four.
+    fn accumulate(&mut self, mut grad: Vec<f32>, samples: u64) -> Vec<f32> {
+        let weight = samples as f32;
+        if self.samples == 0 {
+            std::mem::swap(&mut self.accumulated, &mut grad);
+            self.accumulated_scale = weight;
+        } else {
+            let scale = weight / self.accumulated_scale;
+            for (a, &g) in self.accumulated.iter_mut().zip(&grad) {
+                *a += scale * g;
+            }
+        }
+        grad
+    }
+
+    /// A buffer for the trainer's next gradient: the one kept for it, or else the spare a
+    /// round gave back (a round's result is written into the idle gradient buffer, see
+    /// [`RoundEngine::begin_round`]). Its contents are overwritten by the trainer.
+    fn gradient_buffer(&mut self) -> Vec<f32> {
+        let mut grad = match self.grad.take() {
+            Some(grad) if grad.capacity() >= self.len => grad,
+            _ => std::mem::take(&mut self.spare.local),
+        };
+        grad.resize(self.len, 0.0);
+        grad
     }
 
     fn note_rate(&mut self, samples: u64, took: Duration) {
@@ -629,11 +663,20 @@ impl<P: PeerKey> RoundEngine<P> {
                 out.extend_from_slice(params);
                 self.since_outer = 0;
             }
-            _ => {
-                let scale = 1.0 / self.samples.max(1) as f32;
+            _ if self.samples == 0 => {
                 out.clear();
-                out.extend(self.accumulated.iter().map(|a| a * scale));
-                self.accumulated.fill(0.0);
+                out.resize(self.len, 0.0);
+            }
+            _ => {
+                // The accumulation is the contribution: its memory moves, and `out`'s takes
+                // its place until the next gradient does.
+                std::mem::swap(out, &mut self.accumulated);
+                let scale = self.accumulated_scale / self.samples as f32;
+                if scale != 1.0 {
+                    for x in out.iter_mut() {
+                        *x *= scale;
+                    }
+                }
             }
         }
         self.samples = 0;
@@ -684,6 +727,13 @@ impl<P: PeerKey> RoundEngine<P> {
             }
             _ => {
                 buffers.local = local;
+                if buffers.result.capacity() < self.len && !self.overlaps() {
+                    // The trainer computes nothing during the round: its idle gradient
+                    // buffer takes the result, rather than a vector more.
+                    if let Some(grad) = self.grad.take_if(|g| g.capacity() >= self.len) {
+                        buffers.result = grad;
+                    }
+                }
                 Collective::butterfly(
                     self.me,
                     group,
@@ -1204,9 +1254,10 @@ impl<P: PeerKey> RoundEngine<P> {
         }
         // Local SGD ends on its anchor, the swarm's last average: the local steps since
         // moved this peer towards its own data alone.
-        let params = match (&self.outer, &self.params) {
+        // The parameters move out: a finished engine computes and applies nothing more.
+        let params = match (&self.outer, self.params.take()) {
             (Some(outer), Some(_)) if self.rounds_done > 0 => outer.anchor().to_vec(),
-            (_, Some(params)) => params.clone(),
+            (_, Some(params)) => params,
             (_, None) => return,
         };
         self.finished = true;

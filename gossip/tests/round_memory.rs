@@ -1,0 +1,132 @@
+//! What a butterfly member holds between and during rounds, counted by the allocator: a
+//! member that computes nothing while it averages keeps its gradient, its contribution and
+//! its round's result in two whole vectors, not four (the gradient's buffer becomes the
+//! accumulation and then the contribution; the idle gradient buffer takes the result).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use murmur_gossip::Time;
+use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::engine::{EngineSetup, ModeSettings};
+use murmur_gossip::sim::{EngineSwarm, EngineSwarmConfig, Scenario, Workload};
+use murmur_protocol::codec::CodecSpec;
+
+/// Counts the live allocations of exactly one whole vector's bytes, and their peak. The
+/// simulator's own memory (parcels in flight, chunk payloads, parts) comes in other sizes.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn whole(size: usize) -> bool {
+    size == LEN * std::mem::size_of::<f32>()
+}
+
+fn counted(size: usize) {
+    if whole(size) {
+        let live = LIVE.fetch_add(1, Ordering::Relaxed) + 1;
+        PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+}
+
+fn freed(size: usize) {
+    if whole(size) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call goes to `System` unchanged; the counters only observe sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        counted(layout.size());
+        // SAFETY: the caller's contract for `alloc` is passed on as it is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        counted(layout.size());
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        freed(layout.size());
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        freed(layout.size());
+        counted(new_size);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const PEERS: usize = 4;
+const LEN: usize = 1 << 18;
+
+/// The most whole vectors the simulated swarm held at once over a few rounds, per peer.
+#[test]
+fn a_member_that_computes_nothing_while_it_averages_holds_two_vectors_for_its_rounds() {
+    let mut scenario = Scenario::new(PEERS, LEN, 100);
+    scenario.seed = 5;
+    scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
+    scenario.link.latency_ms = 1.0;
+    scenario.link.uplink_mbps = Some(10_000.0);
+    scenario.link.downlink_mbps = Some(10_000.0);
+    scenario.compute.step_ms = 50.0;
+    let mode = ModeSettings::Butterfly {
+        target_batch: PEERS as u64 * 32,
+        butterfly: ButterflyConfig {
+            min_group: 2,
+            target_group: PEERS,
+            chunk_elements: 16_384,
+            ..ButterflyConfig::default()
+        },
+    };
+    let config = EngineSwarmConfig {
+        mode,
+        setup: EngineSetup {
+            codec: CodecSpec::F32,
+            error_feedback: false,
+            size_parts_by_bandwidth: false,
+            batch_size: 32,
+            upload_cap: 0,
+            accepts_connections: true,
+            wall_ms_at_zero: 0,
+            seed: 7,
+            max_share_piece: 0,
+        },
+        heartbeat_ms: 200,
+        gossip_ms: 5.0,
+        upload_caps: Vec::new(),
+        unreachable: Vec::new(),
+    };
+    let before = LIVE.load(Ordering::Relaxed);
+    let mut swarm = EngineSwarm::new(&scenario, config).expect("the swarm starts");
+    swarm
+        .run_until(Time::from_secs_f64(3.0))
+        .expect("the swarm runs");
+    let rounds = swarm.round_reports().len();
+    assert!(rounds >= PEERS * 5, "only {rounds} round reports");
+    assert!(
+        swarm
+            .round_reports()
+            .iter()
+            .all(|(_, r)| r.group_size == PEERS),
+        "every round averages the whole swarm"
+    );
+    let peak = PEAK.load(Ordering::Relaxed) - before;
+    eprintln!("at most {peak} whole vectors at once, {PEERS} peers");
+    // Each simulated peer: its parameters, and the simulator's target and copy of them (3),
+    // and for its rounds the gradient, the contribution and the result in two.
+    assert!(
+        peak <= PEERS * 5,
+        "{peak} whole vectors for {PEERS} peers: a round holds more than two"
+    );
+}
