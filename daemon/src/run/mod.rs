@@ -75,7 +75,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     let mut events = net.subscribe();
     let mailbox = Mailbox::spawn(inbound.tensor_streams, MailboxConfig::default());
     let outbox = Outbox::new(net.clone(), OutboxConfig::default());
-    let state = StateCell::default();
+    let state = StateCell::in_dir(settings.checkpoint_dir.clone());
     let control_limits =
         FrameLimits::new(settings.net.max_control_payload).context("net.max_control_payload")?;
     tokio::spawn(state_sync::serve(

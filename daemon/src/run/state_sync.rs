@@ -1,6 +1,12 @@
 //! Joining from the swarm's state: a peer serves its latest state snapshot over the control
 //! protocol, and a joiner downloads one from the most advanced peer, a range at a time.
 //!
+//! A served snapshot lives in an unnamed file of its own in the checkpoint folder (gone
+//! once closed), written from the trainer's vectors as a checkpoint is, and its ranges are
+//! read from there: the encoded state, current and previous, is not held in memory (at
+//! 124M parameters with AdamW that was about 3 GB of resident memory), and the page cache
+//! can give it back under pressure.
+//!
 //! The snapshot (parameters, step, samples; see `murmur_protocol::snapshot`) is zstd-
 //! compressed and named by its SHA-256 digest. The first request takes whatever snapshot
 //! the server holds; later ones name its digest, so every range comes from the same
@@ -14,6 +20,8 @@
 //! while a stalled server is given up on. A peer that serves state keeps training: the
 //! serving task only reads the shared snapshot cell.
 
+use std::os::unix::fs::FileExt as _;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +31,7 @@ use murmur_gossip::net::{ControlFrame, InboundControl, NetHandle};
 use murmur_protocol::frame::{Frame, FrameLimits};
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{Message, Reject, RejectCode, StateSyncRequest, StateSyncResponse};
-use murmur_protocol::snapshot::{Snapshot, SnapshotLimits};
+use murmur_protocol::snapshot::{SNAPSHOT_HEADER_LEN, Snapshot, SnapshotLimits};
 use murmur_protocol::snapshot_file::SnapshotView;
 use tokio::sync::mpsc;
 
@@ -37,10 +45,11 @@ const MAX_SNAPSHOT_BYTES: u64 = 1 << 34;
 /// in less time (BENCHMARKS.md, `murmur bench checkpoint`).
 const LEVEL: i32 = 1;
 
-/// An encoded snapshot and its digest.
+/// An encoded snapshot, in an unnamed file, and its digest.
 #[derive(Debug)]
 struct Served {
-    bytes: Vec<u8>,
+    file: std::fs::File,
+    len: u64,
     digest: [u8; 32],
 }
 
@@ -54,8 +63,10 @@ type Generations = (Option<Arc<Served>>, Option<Arc<Served>>);
 const REFRESH_WAIT_FACTOR: u32 = 19;
 
 /// The snapshots this peer serves: the current one and the one before it.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct StateCell {
+    /// Where the snapshots' unnamed files are made.
+    dir: Arc<PathBuf>,
     inner: Arc<Mutex<Generations>>,
     /// When the last refresh ended, and how long it took.
     last_refresh: Arc<Mutex<Option<(Instant, Duration)>>>,
@@ -67,6 +78,16 @@ fn refresh_due(last: Option<(Instant, Duration)>, now: Instant) -> bool {
 }
 
 impl StateCell {
+    /// A cell with nothing served yet, whose snapshots are written in `dir` (made when the
+    /// first is published).
+    pub(crate) fn in_dir(dir: PathBuf) -> StateCell {
+        StateCell {
+            dir: Arc::new(dir),
+            inner: Arc::default(),
+            last_refresh: Arc::default(),
+        }
+    }
+
     /// Whether the served state should be refreshed now (see [`REFRESH_WAIT_FACTOR`]).
     pub(crate) fn refresh_due(&self) -> bool {
         let last = self.last_refresh.lock().ok().and_then(|last| *last);
@@ -85,11 +106,24 @@ impl StateCell {
     }
 
     fn replace(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<()> {
-        let bytes = snapshot
-            .encode(LEVEL)
-            .context("cannot encode the state snapshot")?;
-        let digest = Snapshot::digest_of(&bytes).context("cannot read the snapshot digest")?;
-        let served = Arc::new(Served { bytes, digest });
+        let dir = self.dir.as_path();
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot make the folder {}", dir.display()))?;
+        let mut file = tempfile::tempfile_in(dir).with_context(|| {
+            format!(
+                "cannot make a file for the state snapshot in {}",
+                dir.display()
+            )
+        })?;
+        let len = snapshot
+            .write_to(&mut file, LEVEL)
+            .context("cannot write the state snapshot")?;
+        let mut header = [0u8; SNAPSHOT_HEADER_LEN];
+        file.read_exact_at(&mut header, 0)
+            .context("cannot read the state snapshot back")?;
+        let mut digest = [0u8; 32];
+        digest.copy_from_slice(&header[SNAPSHOT_HEADER_LEN - 32..]);
+        let served = Arc::new(Served { file, len, digest });
         if let Ok(mut cell) = self.inner.lock() {
             let current = cell.0.take();
             *cell = (Some(served), current);
@@ -116,22 +150,34 @@ pub(crate) async fn serve(
     cell: StateCell,
     limits: FrameLimits,
 ) {
+    let mut range = vec![0u8; RANGE_BYTES as usize];
     while let Some(request) = requests.recv().await {
         let answer = answer(&request, &cell, &limits);
         let result = match &answer {
             Answer::Range(served, asked) => {
-                let start = usize::try_from(asked.from_offset).unwrap_or(usize::MAX);
-                let len = served.bytes.len();
+                let start = asked.from_offset;
                 let end = start
-                    .saturating_add(asked.max_bytes.min(RANGE_BYTES) as usize)
-                    .min(len);
-                let message = Message::StateSyncResponse(StateSyncResponse {
-                    offset: asked.from_offset,
-                    total_len: len as u64,
-                    digest: served.digest,
-                    last: end == len,
-                    payload: &served.bytes[start..end],
-                });
+                    .saturating_add(u64::from(asked.max_bytes.min(RANGE_BYTES)))
+                    .min(served.len);
+                // At most 48 KiB, from the page cache (the file was written recently) or
+                // the disk: short enough to read on this task.
+                let payload = &mut range[..(end - start) as usize];
+                let message = match served.file.read_exact_at(payload, start) {
+                    Ok(()) => Message::StateSyncResponse(StateSyncResponse {
+                        offset: start,
+                        total_len: served.len,
+                        digest: served.digest,
+                        last: end == served.len,
+                        payload,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the served state snapshot");
+                        Message::Reject(Reject {
+                            code: RejectCode::Unavailable,
+                            text: "that snapshot is no longer served",
+                        })
+                    }
+                };
                 net.respond_control(request.id, &message).await
             }
             Answer::Refuse(code, text) => {
@@ -167,7 +213,7 @@ fn answer(request: &InboundControl, cell: &StateCell, limits: &FrameLimits) -> A
             Answer::Refuse(RejectCode::Unavailable, "that snapshot is no longer served")
         };
     };
-    if asked.from_offset > served.bytes.len() as u64 {
+    if asked.from_offset > served.len {
         return Answer::Refuse(RejectCode::BadMessage, "offset beyond the snapshot");
     }
     Answer::Range(served, asked)
@@ -322,6 +368,7 @@ fn take(frame: &ControlFrame, limits: &FrameLimits, partial: &mut Partial) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::process::own_status_bytes;
 
     /// At 124M parameters with AdamW a refresh took seconds every 10 steps, all of it
     /// waited for by training; now the next one waits 19 times as long as the last took.
@@ -338,9 +385,59 @@ mod tests {
         assert!(refresh_due(quick, ended + Duration::from_millis(4)));
     }
 
+    /// The encoded state goes to a file, not to memory: publishing 48 MB of parameters that
+    /// zstd cannot shrink raises resident memory by less than an eighth of that (holding
+    /// the encoded bytes, as before, raised it by all of them), and the file's ranges are
+    /// the bytes an encode in memory gives.
+    #[test]
+    fn a_published_state_is_served_from_a_file_not_from_memory() {
+        use rand::{RngExt as _, SeedableRng as _};
+        let dir = tempfile::tempdir().expect("a folder");
+        let cell = StateCell::in_dir(dir.path().to_owned());
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let params: Vec<f32> = (0..12 << 20).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let view = SnapshotView {
+            step: 9,
+            samples: 90,
+            push_sum_weight: 1.0,
+            swarm_id: "s",
+            model_fingerprint: [7; 32],
+            tensors: vec![murmur_protocol::snapshot_file::TensorView {
+                name: "params",
+                data: &params,
+            }],
+        };
+        let resident = || own_status_bytes("VmRSS:").expect("/proc/self/status has VmRSS");
+        let before = resident();
+        cell.publish(&view).expect("publishes");
+        let grew = resident().saturating_sub(before);
+        let state_bytes = 4 * params.len() as u64;
+        assert!(
+            grew < state_bytes / 8,
+            "publishing raised resident memory by {grew} bytes, for {state_bytes} of state"
+        );
+        let served = cell.find(&[0; 32]).expect("served");
+        let encoded = view.encode(LEVEL).expect("encodes");
+        assert_eq!(served.len, encoded.len() as u64);
+        assert_eq!(
+            served.digest,
+            Snapshot::digest_of(&encoded).expect("a digest")
+        );
+        let mut range = vec![0u8; RANGE_BYTES as usize];
+        for (at, want) in encoded.chunks(RANGE_BYTES as usize).enumerate().step_by(97) {
+            let got = &mut range[..want.len()];
+            served
+                .file
+                .read_exact_at(got, (at * RANGE_BYTES as usize) as u64)
+                .expect("reads");
+            assert_eq!(got, want, "range {at}");
+        }
+    }
+
     #[test]
     fn publishing_records_when_the_refresh_ended() {
-        let cell = StateCell::default();
+        let dir = tempfile::tempdir().expect("a folder");
+        let cell = StateCell::in_dir(dir.path().join("checkpoints"));
         assert!(cell.refresh_due());
         let params = [1.0_f32; 16];
         let view = SnapshotView {
