@@ -134,6 +134,31 @@ pub(crate) fn with_state_view<R>(
     ))
 }
 
+/// [`with_state_view`], unless the optimizer's shared state is held elsewhere (a checkpoint
+/// being written beside training, the trainer storing its slots): then `None` at once,
+/// rather than waiting for it on the caller's task.
+pub(crate) fn try_with_state_view<R>(
+    meta: &StateMeta,
+    params: &[f32],
+    optimizer: &SharedOptimizer,
+    use_view: impl FnOnce(&SnapshotView<'_>) -> R,
+) -> Option<R> {
+    let optimizer = match optimizer.try_lock() {
+        Ok(guard) => Some(guard),
+        Err(std::sync::TryLockError::Poisoned(_)) => None,
+        Err(std::sync::TryLockError::WouldBlock) => return None,
+    };
+    let names = slot_names(optimizer.as_deref());
+    let steps = steps_tensor(optimizer.as_deref());
+    Some(use_view(&state_view(
+        meta,
+        params,
+        optimizer.as_deref(),
+        &steps,
+        &names,
+    )))
+}
+
 /// The state at `params`, borrowed: the optimizer's slots named `names`, its step count
 /// `steps`.
 fn state_view<'a>(
@@ -221,6 +246,28 @@ mod tests {
             swarm_id: "s".into(),
             model_fingerprint: [3; 32],
         }
+    }
+
+    /// A view asked for while the optimizer's state is held elsewhere is not waited for.
+    #[test]
+    fn a_state_view_tried_while_the_optimizer_is_held_is_skipped() {
+        let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
+            steps_taken: 4,
+            slots: vec![("m".into(), vec![0.25; 8])],
+        }));
+        let params = [1.0_f32; 8];
+        let tensors = |view: &SnapshotView<'_>| view.tensors.len();
+        let held = optimizer.lock().unwrap();
+        assert_eq!(
+            try_with_state_view(&meta(4), &params, &optimizer, tensors),
+            None
+        );
+        drop(held);
+        // The parameters, the step count and the one slot.
+        assert_eq!(
+            try_with_state_view(&meta(4), &params, &optimizer, tensors),
+            Some(3)
+        );
     }
 
     /// The trainer stepped on while a 1.5 GB checkpoint was written: here the optimizer's

@@ -218,6 +218,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         model_fingerprint: fingerprint(&layout),
         optimizer,
         state,
+        state_skipped: false,
         pending_optimizer: None,
         metrics,
         board,

@@ -15,7 +15,9 @@ use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::AveragingMode;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
-use super::checkpointing::{self, CheckpointTarget, CheckpointWriter, StateMeta, with_state_view};
+use super::checkpointing::{
+    self, CheckpointTarget, CheckpointWriter, StateMeta, try_with_state_view,
+};
 use super::progress::{Counters, EvalLosses, Progress};
 use super::settings::RunSettings;
 use super::state_sync::StateCell;
@@ -147,6 +149,9 @@ pub(crate) struct Peer {
     pub(crate) model_fingerprint: [u8; 32],
     /// The state snapshot this peer serves to joiners.
     pub(crate) state: StateCell,
+    /// The last refresh of it was skipped (the optimizer's state was held): try again at
+    /// the next step rather than [`STATE_EVERY`] steps later.
+    pub(crate) state_skipped: bool,
     /// The optimizer's state as the trainer last shared it.
     pub(crate) optimizer: SharedOptimizer,
     /// Optimizer state found in a checkpoint or a download, to load before training.
@@ -360,16 +365,26 @@ impl Peer {
     }
 
     /// Refreshes the state served to joiners every [`STATE_EVERY`] local steps, or less
-    /// often when encoding it takes long (see `StateCell::refresh_due`), and starts a
+    /// often when encoding it takes long (see `StateCell::refresh_due`), at the next step
+    /// when a refresh found the optimizer's state held (a checkpoint being written), and
+    /// starts a
     /// checkpoint after every `checkpoint.every_steps`, written beside training (see
     /// [`checkpointing`]); a failure is logged, not fatal (training goes on; the next one
     /// may succeed).
     pub(crate) fn maybe_checkpoint(&mut self, params: &[f32]) {
-        if self.counters.step.is_multiple_of(STATE_EVERY)
-            && self.state.refresh_due()
-            && let Err(e) = self.publish_state(params)
-        {
-            tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
+        let refresh_turn = self.counters.step.is_multiple_of(STATE_EVERY) || self.state_skipped;
+        if refresh_turn && self.state.refresh_due() {
+            let published = self.publish_state(params);
+            self.state_skipped = published.is_none();
+            match published {
+                Some(Ok(())) => {}
+                Some(Err(e)) => {
+                    tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
+                }
+                None => tracing::debug!(
+                    "state snapshot not refreshed: the optimizer's state is held; next step"
+                ),
+            }
         }
         let every = self.settings.checkpoint_every;
         if every > 0 && self.counters.step.is_multiple_of(every) {
@@ -379,9 +394,11 @@ impl Peer {
     }
 
     /// Serves the state at `params` to joiners from now on, encoded from the trainer's
-    /// vectors without a copy of them.
-    fn publish_state(&self, params: &[f32]) -> anyhow::Result<()> {
-        with_state_view(&self.state_meta(), params, &self.optimizer, |view| {
+    /// vectors without a copy of them; `None`, and nothing done, while a checkpoint holds the
+    /// optimizer's state (the refresh stays due, and is tried again at the next step): the
+    /// run loop does not wait seconds for a large write to end.
+    fn publish_state(&self, params: &[f32]) -> Option<anyhow::Result<()>> {
+        try_with_state_view(&self.state_meta(), params, &self.optimizer, |view| {
             self.state.publish(view)
         })
     }
