@@ -5,7 +5,7 @@
 //! The estimate is deliberately generous; it counts
 //! - the training state: [`STATE_COPIES`] copies of the parameters (the parameters and
 //!   their gradient, in the trainer and in candle's graph; up to two optimizer slots; the
-//!   averaging engine's buffers; the snapshot served to joiners and written to checkpoints);
+//!   averaging engine's buffers; the copy of the parameters a checkpoint is written from);
 //! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of it) (a GPT's per-token blocks,
 //!   attention scores and logits; an MLP's layer outputs), twice over for their gradients.
 //!
