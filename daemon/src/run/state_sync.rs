@@ -385,6 +385,21 @@ mod tests {
         assert!(refresh_due(quick, ended + Duration::from_millis(4)));
     }
 
+    /// A state of `params` alone.
+    fn view_of(params: &[f32]) -> SnapshotView<'_> {
+        SnapshotView {
+            step: 3,
+            samples: 48,
+            push_sum_weight: 1.0,
+            swarm_id: "s",
+            model_fingerprint: [7; 32],
+            tensors: vec![murmur_protocol::snapshot_file::TensorView {
+                name: "params",
+                data: params,
+            }],
+        }
+    }
+
     /// The encoded state goes to a file, not to memory: publishing 48 MB of parameters that
     /// zstd cannot shrink raises resident memory by less than an eighth of that (holding
     /// the encoded bytes, as before, raised it by all of them), and the file's ranges are
@@ -396,17 +411,7 @@ mod tests {
         let cell = StateCell::in_dir(dir.path().to_owned());
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let params: Vec<f32> = (0..12 << 20).map(|_| rng.random_range(-1.0..1.0)).collect();
-        let view = SnapshotView {
-            step: 9,
-            samples: 90,
-            push_sum_weight: 1.0,
-            swarm_id: "s",
-            model_fingerprint: [7; 32],
-            tensors: vec![murmur_protocol::snapshot_file::TensorView {
-                name: "params",
-                data: &params,
-            }],
-        };
+        let view = view_of(&params);
         let resident = || own_status_bytes("VmRSS:").expect("/proc/self/status has VmRSS");
         let before = resident();
         cell.publish(&view).expect("publishes");
@@ -440,18 +445,7 @@ mod tests {
         let cell = StateCell::in_dir(dir.path().join("checkpoints"));
         assert!(cell.refresh_due());
         let params = [1.0_f32; 16];
-        let view = SnapshotView {
-            step: 3,
-            samples: 48,
-            push_sum_weight: 1.0,
-            swarm_id: "s",
-            model_fingerprint: [7; 32],
-            tensors: vec![murmur_protocol::snapshot_file::TensorView {
-                name: "params",
-                data: &params,
-            }],
-        };
-        cell.publish(&view).expect("publishes");
+        cell.publish(&view_of(&params)).expect("publishes");
         let last = cell.last_refresh.lock().unwrap().expect("recorded");
         assert!(last.0 <= Instant::now());
         assert!(cell.find(&[0; 32]).is_some(), "served");
