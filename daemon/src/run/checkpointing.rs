@@ -123,15 +123,7 @@ pub(crate) fn with_state_view<R>(
     use_view: impl FnOnce(&SnapshotView<'_>) -> R,
 ) -> R {
     let optimizer = optimizer.lock().ok();
-    let names = slot_names(optimizer.as_deref());
-    let steps = steps_tensor(optimizer.as_deref());
-    use_view(&state_view(
-        meta,
-        params,
-        optimizer.as_deref(),
-        &steps,
-        &names,
-    ))
+    view_with(meta, params, optimizer.as_deref(), use_view)
 }
 
 /// [`with_state_view`], unless the optimizer's shared state is held elsewhere (a checkpoint
@@ -148,15 +140,19 @@ pub(crate) fn try_with_state_view<R>(
         Err(std::sync::TryLockError::Poisoned(_)) => None,
         Err(std::sync::TryLockError::WouldBlock) => return None,
     };
-    let names = slot_names(optimizer.as_deref());
-    let steps = steps_tensor(optimizer.as_deref());
-    Some(use_view(&state_view(
-        meta,
-        params,
-        optimizer.as_deref(),
-        &steps,
-        &names,
-    )))
+    Some(view_with(meta, params, optimizer.as_deref(), use_view))
+}
+
+/// Calls `use_view` with the state at `params` and `optimizer`'s slots.
+fn view_with<R>(
+    meta: &StateMeta,
+    params: &[f32],
+    optimizer: Option<&OptimizerState>,
+    use_view: impl FnOnce(&SnapshotView<'_>) -> R,
+) -> R {
+    let names = slot_names(optimizer);
+    let steps = steps_tensor(optimizer);
+    use_view(&state_view(meta, params, optimizer, &steps, &names))
 }
 
 /// The state at `params`, borrowed: the optimizer's slots named `names`, its step count

@@ -365,12 +365,11 @@ impl Peer {
     }
 
     /// Refreshes the state served to joiners every [`STATE_EVERY`] local steps, or less
-    /// often when encoding it takes long (see `StateCell::refresh_due`), at the next step
-    /// when a refresh found the optimizer's state held (a checkpoint being written), and
-    /// starts a
-    /// checkpoint after every `checkpoint.every_steps`, written beside training (see
-    /// [`checkpointing`]); a failure is logged, not fatal (training goes on; the next one
-    /// may succeed).
+    /// often when encoding it takes long (see `StateCell::refresh_due`), and at the next
+    /// step when a refresh found the optimizer's state held (a checkpoint being written);
+    /// starts a checkpoint after every `checkpoint.every_steps`, written beside training
+    /// (see [`checkpointing`]). A failure is logged, not fatal (training goes on; the next
+    /// one may succeed).
     pub(crate) fn maybe_checkpoint(&mut self, params: &[f32]) {
         let refresh_turn = self.counters.step.is_multiple_of(STATE_EVERY) || self.state_skipped;
         if refresh_turn && self.state.refresh_due() {
