@@ -8,8 +8,9 @@
 use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
-use super::autograd::{GradWrite, ParamTensors, cross_entropy, layer_norm, softmax_last};
+use super::autograd::{GradWrite, ParamTensors, layer_norm, softmax_last};
 use super::gpt_preset::GptSection;
+use super::projected_loss::projected_cross_entropy;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
@@ -245,13 +246,11 @@ impl Gpt {
         }
         let last = 2 + self.layers * PER_BLOCK;
         let x = layer_norm(&x, p.get(last), p.get(last + 1), LN_EPS)?;
-        let logits = x.matmul(&p.get(0).t()?)?;
-        let targets = Tensor::from_slice(&batch.targets, n, &self.device)?;
         transfer::uploaded(
             &self.device,
             std::mem::size_of_val(batch.targets.as_slice()),
         );
-        let loss = cross_entropy(&logits, &targets)?;
+        let loss = projected_cross_entropy(&x, p.get(0), &batch.targets, grad_out.is_some())?;
         if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
             p.write_grads(&grads, &self.layout, grad_out, write)?;

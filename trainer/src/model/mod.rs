@@ -9,6 +9,7 @@ mod gelu;
 mod gpt;
 mod gpt_preset;
 mod mlp;
+mod projected_loss;
 
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
