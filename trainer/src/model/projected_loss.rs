@@ -191,16 +191,10 @@ mod tests {
 
     use super::*;
 
-    /// Deterministic values in [-scale, scale].
+    /// Deterministic values in [-scale, scale], different for each `seed`.
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        let mut s = seed;
         (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-            })
+            .map(|i| ((i as f32 + 0.5) * (0.37 + seed as f32)).sin() * scale)
             .collect()
     }
 
