@@ -268,7 +268,11 @@ fn summary(loaded: &LoadedConfig) -> String {
             model_kind(loaded)
         ),
     };
-    let model = match config::memory_estimate(&loaded.task, loaded.training.micro_batches) {
+    let model = match config::memory_estimate(
+        &loaded.task,
+        loaded.training.micro_batches,
+        loaded.averaging.mode.mode(),
+    ) {
         Some(estimate) => format!("{model}, which needs {estimate}"),
         None => model,
     };

@@ -5,19 +5,42 @@
 //! The estimate is deliberately generous; it counts
 //! - the training state: [`STATE_COPIES`] copies of the parameters (the parameters and
 //!   their gradient, in the trainer and in candle's graph; up to two optimizer slots; the
-//!   averaging engine's buffers; the copy of the parameters a checkpoint is written from);
-//! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of it) (a GPT's per-token blocks,
-//!   attention scores and logits; an MLP's layer outputs), twice over for their gradients.
+//!   copy of the parameters a checkpoint is written from);
+//! - the averaging mode's buffers: [`averaging_copies`] more copies (push-sum numerators,
+//!   per-edge references and shares in flight for SGP; a round's vectors for the others),
+//!   from peak memory measured per mode and rounded up;
+//! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of
+//!   it) (a GPT's per-token blocks, attention scores and logits; an MLP's layer outputs),
+//!   twice over for their gradients.
 //!
 //! It is compared with the memory this host has available (`MemAvailable` in
 //! `/proc/meminfo`).
 
 use std::fmt;
 
+use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataShape, ModelConfig, TaskConfig};
 
-/// Copies of the parameter vector a running peer may hold at once.
+/// Copies of the parameter vector a running peer's trainer may hold at once.
 pub(crate) const STATE_COPIES: u64 = 10;
+
+/// Copies of the parameter vector the averaging of `mode` holds at its peak, beyond the
+/// trainer's. Measured as the peak resident memory of two peers in that mode above one
+/// peer of `none`, same model and steps, in parameter-vectors (BENCHMARKS.md, *What each
+/// mode holds*), then rounded up with a margin.
+pub(crate) fn averaging_copies(mode: AveragingMode) -> u64 {
+    match mode {
+        AveragingMode::Solo => 0,
+        // Measured 3.8.
+        AveragingMode::Butterfly => 5,
+        // Measured 9.1: numerator, references, shares in pieces, the hand-off at the end.
+        AveragingMode::Sgp => 12,
+        // Measured 5.8.
+        AveragingMode::LocalSgd => 7,
+        // Measured 14.4 (three peers, `f32`): whole segments in frames of up to 64 MiB.
+        AveragingMode::SyncRing => 18,
+    }
+}
 
 /// Bytes of one `f32`.
 const F32: u64 = 4;
@@ -29,6 +52,8 @@ pub(crate) struct MemoryEstimate {
     pub(crate) params: u64,
     /// Bytes of the training state ([`STATE_COPIES`] copies of the parameters).
     pub(crate) state_bytes: u64,
+    /// The averaging mode, and the bytes of its buffers ([`averaging_copies`]).
+    pub(crate) averaging: (AveragingMode, u64),
     /// Bytes of one pass's activations and their gradients.
     pub(crate) activation_bytes: u64,
 }
@@ -36,7 +61,9 @@ pub(crate) struct MemoryEstimate {
 impl MemoryEstimate {
     /// The whole estimate, in bytes.
     pub(crate) fn total(&self) -> u64 {
-        self.state_bytes.saturating_add(self.activation_bytes)
+        self.state_bytes
+            .saturating_add(self.averaging.1)
+            .saturating_add(self.activation_bytes)
     }
 }
 
@@ -44,10 +71,13 @@ impl fmt::Display for MemoryEstimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "about {} ({} parameters: {} of training state, {} of activations per pass)",
+            "about {} ({} parameters: {} of training state, {} of averaging buffers ({}), \
+             {} of activations per pass)",
             Bytes(self.total()),
             self.params,
             Bytes(self.state_bytes),
+            Bytes(self.averaging.1),
+            self.averaging.0,
             Bytes(self.activation_bytes)
         )
     }
@@ -72,12 +102,13 @@ impl fmt::Display for Bytes {
 }
 
 /// The estimate for `task` with `params` parameters on data of `shape`, each step's batch
-/// cut into `micro_batches` passes.
+/// cut into `micro_batches` passes, averaged in `mode`.
 pub(crate) fn estimate(
     task: &TaskConfig,
     shape: DataShape,
     params: usize,
     micro_batches: usize,
+    mode: AveragingMode,
 ) -> MemoryEstimate {
     let params = params as u64;
     let batch = (task.data.batch_size / micro_batches.max(1)).max(1) as u64;
@@ -104,6 +135,7 @@ pub(crate) fn estimate(
     MemoryEstimate {
         params,
         state_bytes: params.saturating_mul(STATE_COPIES * F32),
+        averaging: (mode, params.saturating_mul(averaging_copies(mode) * F32)),
         activation_bytes: per_sample.saturating_mul(batch).saturating_mul(2 * F32),
     }
 }
@@ -139,7 +171,7 @@ mod tests {
             context: 2048,
         };
         let params = 64 * 12 * 8192 * 8192;
-        let estimate = estimate(&task, shape, params, 1);
+        let estimate = estimate(&task, shape, params, 1, AveragingMode::Butterfly);
         assert!(estimate.state_bytes > 1 << 40, "{estimate}");
         assert!(estimate.total() > estimate.state_bytes);
         assert!(estimate.to_string().contains("GiB"), "{estimate}");
@@ -150,14 +182,62 @@ mod tests {
         let task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
         let params = crate::config::param_count(&task).expect("a size");
-        let estimate = estimate(&task, shape, params, 1);
+        let estimate = estimate(&task, shape, params, 1, AveragingMode::Sgp);
         assert!(estimate.total() < 256 << 20, "{estimate}");
-        let quarter = super::estimate(&task, shape, params, 4);
+        let quarter = super::estimate(&task, shape, params, 4, AveragingMode::Sgp);
         assert_eq!(quarter.state_bytes, estimate.state_bytes);
         assert!(
             quarter.activation_bytes * 4 <= estimate.activation_bytes,
             "{quarter}"
         );
         assert!(available_bytes().is_some_and(|b| b > 0));
+    }
+
+    /// Peak resident memory measured per peer (`murmur local --json`, release, 10 steps)
+    /// for a GPT of 38,473,216 parameters: 4 layers, width 512, context 256, GPT-2's
+    /// vocabulary, 4 sequences a step; one peer of `none`, two of the others, three of
+    /// the ring (BENCHMARKS.md, *What each mode holds*).
+    const MEASURED_38M: [(AveragingMode, u64); 5] = [
+        (AveragingMode::Solo, 1_761_000_000),
+        (AveragingMode::Butterfly, 2_351_000_000),
+        (AveragingMode::Sgp, 3_165_000_000),
+        (AveragingMode::LocalSgd, 2_648_000_000),
+        (AveragingMode::SyncRing, 3_980_000_000),
+    ];
+
+    #[test]
+    fn every_mode_is_estimated_above_what_it_was_measured_to_hold() {
+        let mut task = TaskPreset::default_local();
+        task.model = ModelConfig::Gpt(GptConfig {
+            layers: 4,
+            heads: 4,
+            width: 512,
+            context: 256,
+            vocab: Some(50_257),
+            mlp_ratio: 4,
+        });
+        task.data.batch_size = 4;
+        let shape = DataShape::Tokens {
+            vocab: 50_257,
+            context: 256,
+        };
+        let params = 38_473_216;
+        let none = estimate(&task, shape, params, 1, AveragingMode::Solo);
+        for (mode, measured) in MEASURED_38M {
+            let estimated = estimate(&task, shape, params, 1, mode);
+            // Above the measurement, and by more than the measurement's own spread between
+            // peers (under 15%).
+            assert!(
+                estimated.total() as f64 > 1.15 * measured as f64,
+                "{mode}: {estimated} against {measured} bytes measured"
+            );
+            // The mode's own part covers what the mode was measured to add to `none`.
+            let added = measured.saturating_sub(MEASURED_38M[0].1);
+            assert!(
+                estimated.averaging.1 >= added,
+                "{mode}: {estimated} against {added} bytes measured above none"
+            );
+            assert_eq!(estimated.total() - estimated.averaging.1, none.total());
+        }
     }
 }

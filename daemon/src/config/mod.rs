@@ -31,6 +31,7 @@ use murmur_gossip::engine::ModeSettings;
 use murmur_gossip::net::NetConfig;
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
+use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{Model, TaskConfig};
 
 pub(crate) use error::ConfigError;
@@ -137,6 +138,7 @@ pub(crate) struct Averaging {
 pub(crate) fn memory_estimate(
     task: &TaskConfig,
     micro_batches: usize,
+    mode: AveragingMode,
 ) -> Option<memory::MemoryEstimate> {
     let shape = validate::data_shape(task)?;
     let model = Model::new(&task.model, shape).ok()?;
@@ -145,6 +147,7 @@ pub(crate) fn memory_estimate(
         shape,
         model.param_count(),
         micro_batches,
+        mode,
     ))
 }
 

@@ -151,7 +151,13 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
     // smaller than the data's; it only lays out the parameters, so it is cheap.
     if let Some(shape) = data_shape(&task) {
         let model = Model::new(&task.model, shape).map_err(|e| trainer_error(at, e))?;
-        let estimate = memory::estimate(&task, shape, model.param_count(), micro_batches);
+        let estimate = memory::estimate(
+            &task,
+            shape,
+            model.param_count(),
+            micro_batches,
+            averaging.mode,
+        );
         if let Some(available) = memory::available_bytes()
             && estimate.total() > available
         {
@@ -161,7 +167,8 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
                 format!(
                     "this model needs {estimate}, more than the {} this host has available; \
                      make it smaller (model.width, model.layers, model.context), lower \
-                     data.batch_size, or raise training.micro_batches",
+                     data.batch_size, raise training.micro_batches, or choose an \
+                     averaging.mode that holds fewer copies (sgp holds the most)",
                     Bytes(available)
                 ),
             ));
