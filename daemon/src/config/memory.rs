@@ -52,8 +52,10 @@ pub(crate) struct MemoryEstimate {
     pub(crate) params: u64,
     /// Bytes of the training state ([`STATE_COPIES`] copies of the parameters).
     pub(crate) state_bytes: u64,
-    /// The averaging mode, and the bytes of its buffers ([`averaging_copies`]).
-    pub(crate) averaging: (AveragingMode, u64),
+    /// The averaging mode.
+    pub(crate) mode: AveragingMode,
+    /// Bytes of the mode's buffers ([`averaging_copies`] copies of the parameters).
+    pub(crate) averaging_bytes: u64,
     /// Bytes of one pass's activations and their gradients.
     pub(crate) activation_bytes: u64,
 }
@@ -62,7 +64,7 @@ impl MemoryEstimate {
     /// The whole estimate, in bytes.
     pub(crate) fn total(&self) -> u64 {
         self.state_bytes
-            .saturating_add(self.averaging.1)
+            .saturating_add(self.averaging_bytes)
             .saturating_add(self.activation_bytes)
     }
 }
@@ -76,8 +78,8 @@ impl fmt::Display for MemoryEstimate {
             Bytes(self.total()),
             self.params,
             Bytes(self.state_bytes),
-            Bytes(self.averaging.1),
-            self.averaging.0,
+            Bytes(self.averaging_bytes),
+            self.mode,
             Bytes(self.activation_bytes)
         )
     }
@@ -135,7 +137,8 @@ pub(crate) fn estimate(
     MemoryEstimate {
         params,
         state_bytes: params.saturating_mul(STATE_COPIES * F32),
-        averaging: (mode, params.saturating_mul(averaging_copies(mode) * F32)),
+        mode,
+        averaging_bytes: params.saturating_mul(averaging_copies(mode) * F32),
         activation_bytes: per_sample.saturating_mul(batch).saturating_mul(2 * F32),
     }
 }
@@ -234,10 +237,10 @@ mod tests {
             // The mode's own part covers what the mode was measured to add to `none`.
             let added = measured.saturating_sub(MEASURED_38M[0].1);
             assert!(
-                estimated.averaging.1 >= added,
+                estimated.averaging_bytes >= added,
                 "{mode}: {estimated} against {added} bytes measured above none"
             );
-            assert_eq!(estimated.total() - estimated.averaging.1, none.total());
+            assert_eq!(estimated.total() - estimated.averaging_bytes, none.total());
         }
     }
 }

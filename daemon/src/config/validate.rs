@@ -168,7 +168,7 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
                     "this model needs {estimate}, more than the {} this host has available; \
                      make it smaller (model.width, model.layers, model.context), lower \
                      data.batch_size, raise training.micro_batches, or choose an \
-                     averaging.mode that holds fewer copies (sgp holds the most)",
+                     averaging.mode that holds fewer copies (sync-ring and sgp hold the most)",
                     Bytes(available)
                 ),
             ));
