@@ -5,7 +5,8 @@
 //!
 //! On the survivors (peer 0 is never killed): no 10 s without a completed averaging round,
 //! no hung process, resident memory at most 10% above its level after the warm-up, and the
-//! final eval loss within 5% of the churn-free run's.
+//! final eval loss within 5% of the churn-free run's after as long (wall time from peer
+//! 0's start; see `churn`'s docs).
 //!
 //! Needs root, iproute2 and the `murmur` binary of the same profile (`cargo build -p
 //! murmur`). `murmur-scenario churn --long` runs the 30-minute version.
