@@ -128,7 +128,10 @@ fn run(
                         outcome.finished_at[i] = Some(now);
                         outcome.results[i] = members[i].result().to_vec();
                     }
-                    RingOutput::Failed { .. } => outcome.failed[i] = true,
+                    RingOutput::Failed { .. } => {
+                        outcome.failed[i] = true;
+                        outcome.results[i] = members[i].result().to_vec();
+                    }
                 }
             }
             if let Some(at) = members[i].poll_timeout() {
@@ -286,4 +289,65 @@ fn one_silent_member_stops_the_ring_until_the_deadline() {
         );
         assert!(outcome.failed[m], "member {m} did not report the failure");
     }
+}
+
+/// What a member of a failed ring applies is no copy of its own values kept aside: each
+/// segment is the weighted mean of the contributions that reached it, which are those of
+/// the members before it in the ring back to where the chain broke (its own alone when
+/// nothing arrived), never a weighted sum.
+#[test]
+fn a_failed_member_holds_each_segment_s_mean_over_the_contributions_that_reached_it() {
+    let n = 6;
+    let len = 600;
+    let silent = 3;
+    let (locals, weights) = inputs(11, n, len);
+    let outcome = run(
+        &locals,
+        &weights,
+        1e7,
+        Duration::from_millis(1),
+        Time::from_secs_f64(1.0),
+        Some(silent),
+    );
+    let segment = len / n;
+    // The weighted mean over members `m - k ..= m` (ring order) of elements `range`.
+    let mean_back = |m: usize, k: usize, range: std::ops::Range<usize>| -> Vec<f32> {
+        let members: Vec<usize> = (0..=k).map(|j| (m + n - j) % n).collect();
+        let total: f32 = members.iter().map(|&i| weights[i]).sum();
+        range
+            .map(|e| {
+                members
+                    .iter()
+                    .map(|&i| weights[i] * locals[i][e])
+                    .sum::<f32>()
+                    / total
+            })
+            .collect()
+    };
+    let close = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .all(|(x, y)| (x - y).abs() <= 1e-4 * (1.0 + y.abs()))
+    };
+    let mut reached_more_than_itself = 0;
+    for m in (0..n).filter(|&m| m != silent) {
+        assert!(outcome.failed[m], "member {m} did not fail");
+        let result = &outcome.results[m];
+        assert_eq!(result.len(), len);
+        for s in 0..n {
+            let range = s * segment..(s + 1) * segment;
+            let got = &result[range.clone()];
+            let k = (0..n).find(|&k| close(got, &mean_back(m, k, range.clone())));
+            let k = k.unwrap_or_else(|| {
+                panic!("member {m}'s segment {s} is no mean of the members before it")
+            });
+            if k > 0 {
+                reached_more_than_itself += 1;
+            }
+            if m == (silent + 1) % n {
+                assert_eq!(k, 0, "nothing reaches the silent member's successor");
+            }
+        }
+    }
+    assert!(reached_more_than_itself > 0, "no partial sum was averaged");
 }

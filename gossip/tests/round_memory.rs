@@ -1,10 +1,12 @@
-//! What a butterfly member holds between and during rounds, counted by the allocator: a
-//! member that computes nothing while it averages keeps its gradient, its contribution and
-//! its round's result in two whole vectors, not four (the gradient's buffer becomes the
-//! accumulation and then the contribution; the idle gradient buffer takes the result).
+//! What a member of a round mode holds between and during rounds, counted by the allocator.
+//! A butterfly member that computes nothing while it averages keeps its gradient, its
+//! contribution and its round's result in two whole vectors, not four (the gradient's buffer
+//! becomes the accumulation and then the contribution; the idle gradient buffer takes the
+//! result). A sync-ring member keeps no copy of its contribution for a ring that fails.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use murmur_gossip::Time;
 use murmur_gossip::butterfly::ButterflyConfig;
@@ -70,9 +72,9 @@ static ALLOCATOR: Counting = Counting;
 const PEERS: usize = 4;
 const LEN: usize = 1 << 18;
 
-/// The most whole vectors the simulated swarm held at once over a few rounds, per peer.
-#[test]
-fn a_member_that_computes_nothing_while_it_averages_holds_two_vectors_for_its_rounds() {
+/// Runs four peers in `mode` for three simulated seconds; returns the most whole vectors
+/// held at once, over all peers, and the rounds reported.
+fn peak_vectors(mode: ModeSettings) -> (usize, usize) {
     let mut scenario = Scenario::new(PEERS, LEN, 100);
     scenario.seed = 5;
     scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
@@ -80,15 +82,6 @@ fn a_member_that_computes_nothing_while_it_averages_holds_two_vectors_for_its_ro
     scenario.link.uplink_mbps = Some(10_000.0);
     scenario.link.downlink_mbps = Some(10_000.0);
     scenario.compute.step_ms = 50.0;
-    let mode = ModeSettings::Butterfly {
-        target_batch: PEERS as u64 * 32,
-        butterfly: ButterflyConfig {
-            min_group: 2,
-            target_group: PEERS,
-            chunk_elements: 16_384,
-            ..ButterflyConfig::default()
-        },
-    };
     let config = EngineSwarmConfig {
         mode,
         setup: EngineSetup {
@@ -121,12 +114,46 @@ fn a_member_that_computes_nothing_while_it_averages_holds_two_vectors_for_its_ro
             .all(|(_, r)| r.group_size == PEERS),
         "every round averages the whole swarm"
     );
-    let peak = PEAK.load(Ordering::Relaxed) - before;
+    (PEAK.load(Ordering::Relaxed) - before, rounds)
+}
+
+fn matchmaking() -> ButterflyConfig {
+    ButterflyConfig {
+        min_group: 2,
+        target_group: PEERS,
+        chunk_elements: 16_384,
+        ..ButterflyConfig::default()
+    }
+}
+
+/// The most whole vectors the simulated swarm held at once over a few rounds, per peer.
+#[test]
+fn a_member_that_computes_nothing_while_it_averages_holds_two_vectors_for_its_rounds() {
+    let (peak, _) = peak_vectors(ModeSettings::Butterfly {
+        target_batch: PEERS as u64 * 32,
+        butterfly: matchmaking(),
+    });
     eprintln!("at most {peak} whole vectors at once, {PEERS} peers");
     // Each simulated peer: its parameters, and the simulator's target and copy of them (3),
     // and for its rounds the gradient, the contribution and the result in two.
     assert!(
         peak <= PEERS * 5,
         "{peak} whole vectors for {PEERS} peers: a round holds more than two"
+    );
+}
+
+/// A ring member's contribution is scaled and reduced in place; it keeps no copy of it to
+/// fall back on (a failed ring hands over partial means, `ring.rs`). Before: 24 whole
+/// vectors for 4 peers; after: 20.
+#[test]
+fn a_ring_member_keeps_no_copy_of_its_contribution() {
+    let (peak, _) = peak_vectors(ModeSettings::SyncRing {
+        timeout: Duration::from_secs(2),
+        butterfly: matchmaking(),
+    });
+    eprintln!("at most {peak} whole vectors at once, {PEERS} peers");
+    assert!(
+        peak <= PEERS * 5,
+        "{peak} whole vectors for {PEERS} peers: a ring round holds more than two"
     );
 }

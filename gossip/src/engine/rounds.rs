@@ -156,8 +156,6 @@ pub struct RoundEngine<P> {
     result: Option<Vec<f32>>,
     /// Vector memory for the next round.
     spare: RoundBuffers,
-    /// The contribution kept for a ring round, whose machine scales it in place.
-    ring_local: Vec<f32>,
     early: Early<P>,
     spares: Spares,
     next_tag: u64,
@@ -236,7 +234,6 @@ impl<P: PeerKey> RoundEngine<P> {
             draining: Vec::new(),
             result: None,
             spare,
-            ring_local: Vec::new(),
             early: Early::default(),
             spares: Spares::default(),
             next_tag: 0,
@@ -710,7 +707,6 @@ impl<P: PeerKey> RoundEngine<P> {
             .collect();
         let mut collective = match self.settings.policy {
             RoundPolicy::SyncRing => {
-                self.ring_local.clone_from(&local);
                 let feedback = buffers.feedback.take();
                 self.spare = buffers;
                 Collective::ring(
@@ -802,13 +798,9 @@ impl<P: PeerKey> RoundEngine<P> {
             if collective.is_finished() {
                 let mut collective = self.collective.take().expect("checked above");
                 let (mut buffers, report) = collective.take_result(now);
-                let ring_failed =
-                    matches!(self.settings.policy, RoundPolicy::SyncRing) && report.coverage < 1.0;
-                let mut result = std::mem::take(&mut buffers.result);
-                if ring_failed {
-                    // A ring that did not finish holds partial sums: keep local values.
-                    result.clone_from(&self.ring_local);
-                }
+                // A ring that did not finish hands over each segment's mean over what
+                // reached this member (see `RingOutput::Failed`).
+                let result = std::mem::take(&mut buffers.result);
                 if let Some(feedback) = collective.take_feedback() {
                     buffers.feedback = Some(feedback);
                 }

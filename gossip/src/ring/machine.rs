@@ -85,8 +85,10 @@ pub enum RingOutput<P> {
     },
     /// Every segment is averaged: [`RingAllReduce::result`] holds the weighted mean.
     Finished,
-    /// The round deadline passed first; the result is not usable and the caller keeps its
-    /// local values.
+    /// The round deadline passed first. [`RingAllReduce::result`] then holds, segment by
+    /// segment, the weighted mean of the contributions that reached this member (the
+    /// others' averages where the all-gather brought them, partial sums divided by their
+    /// weight, or its own values alone), not the mean over the whole ring.
     Failed {
         /// Steps whose segment had arrived by then, out of `2(N − 1)`.
         steps_received: u32,
@@ -114,6 +116,9 @@ pub struct RingAllReduce<P> {
     segments: Partition,
     values: Vec<f32>,
     segment_weights: Vec<f64>,
+    /// Segments that hold a mean rather than a weighted sum: the owned one once reduced,
+    /// and those the all-gather brought.
+    averaged: Vec<bool>,
     received: Vec<bool>,
     sent: usize,
     deadline: Time,
@@ -172,6 +177,7 @@ impl<P: PeerKey> RingAllReduce<P> {
         let mut machine = RingAllReduce {
             me: index,
             segment_weights: vec![f64::from(weight); ring.len()],
+            averaged: vec![false; ring.len()],
             ring,
             group_id,
             codec,
@@ -192,7 +198,8 @@ impl<P: PeerKey> RingAllReduce<P> {
         Ok(machine)
     }
 
-    /// The weighted mean, once [`RingOutput::Finished`] was emitted.
+    /// The weighted mean, once [`RingOutput::Finished`] was emitted; after
+    /// [`RingOutput::Failed`], each segment's mean over the contributions that reached it.
     pub fn result(&self) -> &[f32] {
         &self.values
     }
@@ -227,8 +234,8 @@ impl<P: PeerKey> RingAllReduce<P> {
         self.feedback.take().map(|(r, _)| r)
     }
 
-    /// Takes the values out (the weighted mean once finished), leaving the round empty; it
-    /// still takes send reports.
+    /// Takes the values out (the weighted mean once finished, partial means once failed),
+    /// leaving the round empty; it still takes send reports.
     pub fn take_result(&mut self) -> Vec<f32> {
         std::mem::take(&mut self.values)
     }
@@ -274,6 +281,7 @@ impl<P: PeerKey> RingAllReduce<P> {
             RingInput::Tick => {
                 if self.phase == Phase::Running && now >= self.deadline {
                     self.phase = Phase::Failed;
+                    self.average_what_arrived();
                     let steps_received = self.received.iter().filter(|&&r| r).count() as u32;
                     self.outputs
                         .push_back(RingOutput::Failed { steps_received });
@@ -361,6 +369,7 @@ impl<P: PeerKey> RingAllReduce<P> {
         } else {
             self.codec.decode_into(payload, &mut self.values[range])?;
             self.segment_weights[segment] = f64::from(weight);
+            self.averaged[segment] = true;
         }
         self.received[step] = true;
         if step == self.n() - 2 {
@@ -371,13 +380,31 @@ impl<P: PeerKey> RingAllReduce<P> {
 
     /// After the reduce-scatter this member holds the full sum of segment `i + 1`.
     fn average_owned_segment(&mut self) {
-        let owned = self.segment(1);
-        let total = self.segment_weights[owned];
+        self.average_segment(self.segment(1));
+    }
+
+    /// Divides segment `segment`'s weighted sum by its weight (a sum of no weight holds
+    /// zeros and stays so).
+    fn average_segment(&mut self, segment: usize) {
+        if self.averaged[segment] {
+            return;
+        }
+        self.averaged[segment] = true;
+        let total = self.segment_weights[segment];
         if total > 0.0 {
             let scale = (1.0 / total) as f32;
-            self.values[self.segments.range(owned)]
+            self.values[self.segments.range(segment)]
                 .iter_mut()
                 .for_each(|x| *x *= scale);
+        }
+    }
+
+    /// A failed round: every segment still holding a weighted sum (this member's own
+    /// values, or a partial sum of the members before it in the ring) becomes that sum's
+    /// mean, so the caller applies a usable vector without having kept a copy of its own.
+    fn average_what_arrived(&mut self) {
+        for segment in 0..self.n() {
+            self.average_segment(segment);
         }
     }
 

@@ -23,8 +23,10 @@
 //!
 //! Every step waits for the predecessor's message, with no timeout: a member that dies or
 //! stalls stops the whole ring. The only bound is the round's overall deadline, after which
-//! the round reports failure and the caller keeps its local values. This is the behaviour
-//! of the synchronous systems murmur is compared against, kept as it is on purpose.
+//! the round reports failure. This is the behaviour of the synchronous systems murmur is
+//! compared against, kept as it is on purpose. What a failed member applies is each
+//! segment's mean over the contributions that reached it (its own values alone where none
+//! did): no copy of its contribution is kept for the case.
 
 mod machine;
 

@@ -50,8 +50,9 @@ impl Default for ButterflyTraining {
 ///
 /// The ring for a step is the membership at the moment the first peer reaches that step's
 /// all-reduce (a rendezvous): joins and graceful leaves take effect at step boundaries. A
-/// crash stalls the ring until `round_timeout_ms`; then every member keeps its local update
-/// and the next step's ring leaves the crashed peer out once the swarm has noticed.
+/// crash stalls the ring until `round_timeout_ms`; then every member applies what reached it
+/// (each segment's mean over the members before it back to the crash) and the next step's
+/// ring leaves the crashed peer out once the swarm has noticed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RingTraining {

@@ -95,8 +95,9 @@ struct Peer {
 /// simulated links, and wait for it before the next step. The ring of a step is fixed by a rendezvous: the membership at the moment the first peer
 /// reaches that step's all-reduce, with one deadline for every member, `round_timeout_ms`
 /// later. Segments that reach a peer still computing the step wait in its transport buffer.
-/// A crash stalls the ring until that deadline; every member then keeps its local update,
-/// all start the next step together, and the next step's ring leaves the crashed peer out
+/// A crash stalls the ring until that deadline; every member then applies what reached it
+/// (each segment's mean over the members before it back to the crash), all start the next
+/// step together, and the next step's ring leaves the crashed peer out
 /// once the swarm has noticed (`detect_ms`). A joiner downloads the parameters from a live
 /// peer and starts computing with the others at the next step boundary; a peer that leaves
 /// finishes its step's all-reduce first. A restart is a crash followed at once by a join.
@@ -355,8 +356,10 @@ impl RingSwarm {
                 self.end_round(id)
             }
             Some(false) => {
-                peer.machine = None;
-                peer.learner.adopt(&peer.contribution);
+                // What reached this member, segment by segment (`RingOutput::Failed`).
+                if let Some(machine) = peer.machine.take() {
+                    peer.learner.adopt(machine.result());
+                }
                 self.run.tally.local();
                 self.end_round(id)
             }
