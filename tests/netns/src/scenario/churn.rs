@@ -13,7 +13,7 @@
 //! trained as long as the churn run did (interpolated between its evals; its final loss
 //! when the churn run took longer). At equal steps the comparison measured the two cores
 //! rather than churn: six peers want more CPU than two cores have, so with a peer or two
-//! down peer 0 steps faster (230 against 320 ms a step in one butterfly run) while rounds
+//! down peer 0 steps faster (240 against 320 ms a step in one butterfly run) while rounds
 //! come at the rate their latency allows in both runs (1.73 and 1.82 a second). At 600
 //! steps the churn run had then had 251 rounds against 350, and its loss 2.7% above the
 //! calm run's; the calm run after as long had had 267 and was 1.4% below it.
