@@ -5,7 +5,9 @@
 //!
 //! Acceptance, on the survivors (peers never killed; peer 0 never is): no 10 s without a
 //! completed averaging round, from their first round to their end; no hung process (`murmur
-//! local` ends within its bound and every peer ends finished, none killed for silence);
+//! local` ends within its bound and every peer ends finished, none killed for silence; the
+//! churn run is ended once peer 0 and the survivors have finished, and the restarted peers
+//! still making up lost steps must then leave on SIGINT within the grace);
 //! resident memory at the end at most 10% above its level after the warm-up (means over
 //! 30 s); and peer 0's final eval loss within 5% of the churn-free run's after as long.
 //!
@@ -28,7 +30,7 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use super::fault_plot::{self, Series};
-use super::peer_lines::{BackgroundSwarm, PeerLines, SwarmEnd};
+use super::peer_lines::{BackgroundSwarm, PeerLines, SwarmEnd, Waited};
 use super::{Report, ScenarioOptions, write_hosts_file};
 use crate::{Harness, LinkShape, Topology};
 
@@ -220,40 +222,74 @@ pub fn run_mode(options: &ScenarioOptions, mode: &'static str) -> anyhow::Result
     let hosts = options.out.join("churn-hosts.toml");
     write_hosts_file(&harness, &hosts)?;
 
-    let (calm, calm_in_time) = run_one(options, &hosts, &plan, "churn-free")?;
-    let (churn, churn_in_time) = run_one(options, &hosts, &plan, "churn")?;
+    let (calm, calm_end) = run_one(options, &hosts, &plan, "churn-free")?;
+    let (churn, churn_end) = run_one(options, &hosts, &plan, "churn")?;
     let survivors = survivors(&churn.lines, plan.warm_up);
     let report = ChurnReport {
         long: options.long,
         min_kills: plan.min_kills,
-        calm: totals(&calm, calm_in_time, plan.limit),
-        churn: totals(&churn, churn_in_time, plan.limit),
+        calm: totals(&calm, calm_end, plan.limit),
+        churn: totals(&churn, churn_end, plan.limit),
         survivors,
     };
     write_outputs(&options.out, &calm, &churn, &report)?;
     Ok(report)
 }
 
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RunEnd {
+    /// `murmur local` ended on its own within the plan's limit.
+    OnItsOwn,
+    /// Peer 0 and every survivor had finished, and the restarted peers still making up the
+    /// steps churn cost them were stopped with SIGINT.
+    SurvivorsDone,
+    /// Still running at the plan's limit: stopped with SIGINT, and counted as hung.
+    PastLimit,
+}
+
 /// One run to its end; a run past the plan's limit is stopped with SIGINT and reported as
 /// not finished (its peers end `stopped`).
+///
+/// The churn run ends once peer 0 and every survivor have finished. Churn ends with peer
+/// 0, and a restarted peer is then short of its steps by what each kill cost it (its steps
+/// since its last checkpoint, and its restart): in a butterfly run the last of them
+/// finished 90 s after peer 0, training in a swarm that shrank as the others finished,
+/// which the soak measures nothing of. They are stopped as Ctrl-C stops them, and must
+/// leave within `murmur local`'s grace.
 fn run_one(
     options: &ScenarioOptions,
     hosts: &Path,
     plan: &Plan,
     name: &str,
-) -> anyhow::Result<(SwarmEnd, bool)> {
-    let mut swarm = BackgroundSwarm::start(
-        options,
-        hosts,
-        name,
-        plan.peers,
-        &plan.args(name == "churn"),
-    )?;
-    let in_time = swarm.exited_within(plan.limit)?;
-    if !in_time {
+) -> anyhow::Result<(SwarmEnd, RunEnd)> {
+    let churn = name == "churn";
+    let mut swarm = BackgroundSwarm::start(options, hosts, name, plan.peers, &plan.args(churn))?;
+    let ended = if churn {
+        swarm.exited_or(plan.limit, survivors_done)?
+    } else if swarm.exited_within(plan.limit)? {
+        Waited::Exited
+    } else {
+        Waited::TimedOut
+    };
+    let end = match ended {
+        Waited::Exited => RunEnd::OnItsOwn,
+        Waited::Reached => RunEnd::SurvivorsDone,
+        Waited::TimedOut => RunEnd::PastLimit,
+    };
+    if end != RunEnd::OnItsOwn {
         swarm.interrupt()?;
     }
-    Ok((swarm.finish(Duration::from_secs(60))?, in_time))
+    Ok((swarm.finish(Duration::from_secs(60))?, end))
+}
+
+/// Whether peer 0 and every peer never restarted have printed `done`.
+fn survivors_done(lines: &[PeerLines]) -> bool {
+    lines.first().is_some_and(|l| !l.dones.is_empty())
+        && lines
+            .iter()
+            .filter(|l| l.readies.len() == 1)
+            .all(|l| !l.dones.is_empty())
 }
 
 /// Peers that printed `ready` once: never killed.
@@ -324,18 +360,28 @@ fn longest_gap_s(lines: &PeerLines) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn totals(end: &SwarmEnd, in_time: bool, limit: Duration) -> RunTotals {
+/// What a run did. Every peer must finish, but where the run was ended once its survivors
+/// had ([`RunEnd::SurvivorsDone`]): a restarted peer may then end `stopped`, and `murmur
+/// local` exits with the failure an interrupted run exits with.
+fn totals(end: &SwarmEnd, run_end: RunEnd, limit: Duration) -> RunTotals {
     let mut problems = Vec::new();
-    if !in_time {
+    if run_end == RunEnd::PastLimit {
         problems.push(format!(
             "still running after {:.0} s; stopped",
             limit.as_secs_f64()
         ));
     }
-    let mut all_finished = in_time && end.status.success();
-    if !end.status.success() {
+    let early = run_end == RunEnd::SurvivorsDone;
+    let mut all_finished = run_end != RunEnd::PastLimit && (early || end.status.success());
+    if !early && !end.status.success() {
         problems.push(format!("murmur local exited with {}", end.status));
     }
+    let restarted = |peer: &Value| {
+        peer["peer"]
+            .as_u64()
+            .and_then(|p| end.lines.get(usize::try_from(p).ok()?))
+            .is_some_and(|l| l.readies.len() > 1)
+    };
     let mut wall_s = 0.0;
     match &end.summary {
         None => {
@@ -345,7 +391,9 @@ fn totals(end: &SwarmEnd, in_time: bool, limit: Duration) -> RunTotals {
         Some(summary) => {
             wall_s = summary["wall_s"].as_f64().unwrap_or(0.0);
             for peer in summary["peer_results"].as_array().into_iter().flatten() {
-                if peer["status"].as_str() != Some("finished") {
+                let status = peer["status"].as_str();
+                let stopped_early = early && status == Some("stopped") && restarted(peer);
+                if status != Some("finished") && !stopped_early {
                     all_finished = false;
                     problems.push(format!(
                         "peer {} {}: {}",
@@ -622,7 +670,7 @@ fn write_outputs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::peer_lines::{ProgressLine, ReadyLine};
+    use crate::scenario::peer_lines::{DoneLine, ProgressLine, ReadyLine};
 
     /// A survivor that prints a progress line a second for 150 s, averaging from the first,
     /// with the resident memory `rss(second)`.
@@ -695,6 +743,66 @@ mod tests {
         let mut silent = run_with(&[]);
         silent.final_eval_loss = Some(1.0);
         assert_eq!(report(silent).loss_ratio(), None);
+    }
+
+    /// Three peers: peer 0 and a survivor that printed `ready` once, and peer 2 restarted
+    /// once; `done` for those in `done`.
+    fn three_peers(done: [bool; 3]) -> Vec<PeerLines> {
+        let ready = ReadyLine {
+            at_ms: 0,
+            initial_eval_loss: None,
+        };
+        (0..3)
+            .map(|peer| PeerLines {
+                readies: vec![ready.clone(); if peer == 2 { 2 } else { 1 }],
+                dones: if done[peer] {
+                    vec![DoneLine {
+                        at_ms: 1000,
+                        exit: "finished".into(),
+                        step: 600,
+                        final_eval_loss: Some(1.0),
+                    }]
+                } else {
+                    Vec::new()
+                },
+                ..PeerLines::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_churn_run_ended_once_its_survivors_finished_lets_only_restarted_peers_stop() {
+        assert!(!survivors_done(&three_peers([true, false, false])));
+        assert!(!survivors_done(&three_peers([false, true, true])));
+        assert!(survivors_done(&three_peers([true, true, false])));
+        let end = |statuses: [&str; 3], exit: i32| SwarmEnd {
+            status: std::os::unix::process::ExitStatusExt::from_raw(exit << 8),
+            summary: Some(json!({
+                "wall_s": 100.0,
+                "peer_results": statuses
+                    .iter()
+                    .enumerate()
+                    .map(|(peer, status)| json!({"peer": peer, "status": status}))
+                    .collect::<Vec<_>>(),
+                "notes": [],
+            })),
+            lines: three_peers([true, true, false]),
+        };
+        let limit = Duration::from_secs(420);
+        let restarted_stopped = end(["finished", "finished", "stopped"], 1);
+        assert!(totals(&restarted_stopped, RunEnd::SurvivorsDone, limit).all_finished);
+        // Only a run ended early may end so.
+        assert!(!totals(&restarted_stopped, RunEnd::OnItsOwn, limit).all_finished);
+        let survivor_stopped = end(["finished", "stopped", "finished"], 1);
+        let totals = totals(&survivor_stopped, RunEnd::SurvivorsDone, limit);
+        assert!(!totals.all_finished);
+        assert!(
+            totals.problems[0].contains("peer 1 stopped"),
+            "{:?}",
+            totals.problems
+        );
+        let failed = end(["finished", "finished", "failed"], 1);
+        assert!(!super::totals(&failed, RunEnd::SurvivorsDone, limit).all_finished);
     }
 
     #[test]

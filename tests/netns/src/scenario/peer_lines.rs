@@ -230,6 +230,17 @@ pub(crate) struct BackgroundSwarm {
     peers: usize,
 }
 
+/// How [`BackgroundSwarm::exited_or`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// `murmur local` exited.
+    Exited,
+    /// What was waited for holds.
+    Reached,
+    /// Neither within the limit.
+    TimedOut,
+}
+
 /// How a background run ended.
 #[derive(Debug)]
 pub(crate) struct SwarmEnd {
@@ -328,6 +339,34 @@ impl BackgroundSwarm {
                     limit.as_secs_f64(),
                     self.folder.display()
                 );
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Waits at most `limit` for `murmur local` to exit, or for `reached` to hold for the
+    /// peers' lines, whichever comes first.
+    pub(crate) fn exited_or(
+        &mut self,
+        limit: Duration,
+        mut reached: impl FnMut(&[PeerLines]) -> bool,
+    ) -> anyhow::Result<Waited> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self
+                .child
+                .0
+                .try_wait()
+                .context("waiting for murmur local")?
+                .is_some()
+            {
+                return Ok(Waited::Exited);
+            }
+            if reached(&self.lines()?) {
+                return Ok(Waited::Reached);
+            }
+            if Instant::now() >= deadline {
+                return Ok(Waited::TimedOut);
             }
             std::thread::sleep(POLL);
         }
