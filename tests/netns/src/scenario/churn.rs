@@ -283,20 +283,25 @@ fn run_one(
     Ok((swarm.finish(Duration::from_secs(60))?, end))
 }
 
-/// Whether peer 0 and every peer never restarted have printed `done`.
+/// Whether the peer printed `ready` once: it was never killed.
+fn survived(lines: &PeerLines) -> bool {
+    lines.readies.len() == 1
+}
+
+/// Whether peer 0 and every survivor have printed `done`.
 fn survivors_done(lines: &[PeerLines]) -> bool {
     lines.first().is_some_and(|l| !l.dones.is_empty())
         && lines
             .iter()
-            .filter(|l| l.readies.len() == 1)
+            .filter(|l| survived(l))
             .all(|l| !l.dones.is_empty())
 }
 
-/// Peers that printed `ready` once: never killed.
+/// The peers never killed.
 fn survivors(lines: &[PeerLines], warm_up: Duration) -> Vec<Survivor> {
     let mut survivors = Vec::new();
     for (peer, l) in lines.iter().enumerate() {
-        if l.readies.len() != 1 {
+        if !survived(l) {
             continue;
         }
         let averaged = l.averaged_at();
@@ -603,7 +608,7 @@ fn write_outputs(
         .lines
         .iter()
         .map(|l| {
-            let survivor = l.readies.len() == 1;
+            let survivor = survived(l);
             Series {
                 label: if survivor {
                     "survivors".into()
