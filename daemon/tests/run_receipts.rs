@@ -8,6 +8,9 @@
 //! buffer) is written into its connection, which its neighbour then closes as silent: the
 //! bytes never reach the frozen process. Counted as delivered when written, that share's
 //! mass would be lost; with receipts the sender takes it back.
+//!
+//! A joiner stopped before any share reached it holds no mass and no parameters of the
+//! swarm: it leaves cleanly, as stopped, and takes nothing from the founder.
 
 mod run_support;
 
@@ -92,5 +95,63 @@ fn a_share_written_into_a_connection_that_died_before_it_was_applied_loses_no_ma
         "the weights sum to {total} ({} + {}), not 1: mass was lost or made\nsender's log:\n{log}",
         weight(&sender),
         weight(&receiver)
+    );
+}
+
+#[test]
+fn a_joiner_stopped_before_its_first_share_leaves_cleanly_and_takes_no_mass() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let first = swarm.add_peer("founder");
+    first.write_config(&settings(Vec::new()));
+    let mut founder = first.start();
+    let address = founder.ready().listen();
+    founder.wait_for("a few steps alone", PATIENCE, |l| {
+        l.is("progress") && l.u64("step") >= 3
+    });
+    // Paused, the founder takes no step, so it pushes no share to the joiner.
+    founder.signal("USR1");
+    std::thread::sleep(Duration::from_secs(2));
+
+    let second = swarm.add_peer("joiner");
+    second.write_config(&settings(vec![address]));
+    let mut joiner = second.start();
+    joiner.ready();
+    joiner.log_once("the joiner joins the running swarm", PATIENCE, |log| {
+        log.contains("the swarm is training already: joining it")
+    });
+    joiner.signal("INT");
+    let status = joiner.wait_exit(PATIENCE);
+    joiner.read_to_end(Duration::from_secs(10));
+    let done = joiner
+        .seen
+        .iter()
+        .find(|l| l.is("done"))
+        .unwrap_or_else(|| joiner.fail("no done line"))
+        .clone();
+    assert!(
+        status.success() && done.str("exit") == "signal",
+        "the joiner ended {status} with {}\nits log:\n{}",
+        done.json,
+        joiner.log()
+    );
+    joiner.log_once("why it saved nothing", SETTLE, |log| {
+        log.contains("stopped before the swarm's first share arrived")
+    });
+
+    // The founder still holds the swarm's whole mass.
+    founder.signal("USR2");
+    let steps = founder.step();
+    founder.wait_for("steps again after the resume", PATIENCE, |l| {
+        l.is("progress") && l.u64("step") >= steps + 3
+    });
+    // Paused again, so that no share of its own is in flight when the weight is read.
+    founder.signal("USR1");
+    std::thread::sleep(SETTLE);
+    founder.drain();
+    assert!(
+        (weight(&founder) - 1.0).abs() < 1e-6,
+        "the founder's weight is {}, not 1",
+        weight(&founder)
     );
 }

@@ -327,13 +327,28 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         Err(e) => {
             let losses = peer.eval_losses();
             peer.report_progress(handle.status().peers);
-            peer.progress
-                .done(&peer.counters, losses, "error", Some(format!("{e:#}")));
+            peer.progress.done(
+                &peer.counters,
+                losses,
+                "error",
+                Some(crate::error_text::describe(&e)),
+            );
             let _ = net.shutdown().await;
             return Err(e);
         }
     };
     let Some(final_params) = final_params else {
+        // An SGP joiner stopped before the swarm's first share reached it: it holds no
+        // parameters of the swarm, so it has nothing to evaluate or save.
+        if finish == Finish::Signal && mode == AveragingMode::Sgp {
+            tracing::info!("stopped before the swarm's first share arrived: nothing to save");
+            peer.report_progress(handle.status().peers);
+            let losses = peer.eval_losses();
+            peer.progress.done(&peer.counters, losses, "signal", None);
+            let _ = stop_http.send(());
+            let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
+            return Ok(());
+        }
         anyhow::bail!("the averaging engine stopped without its final parameters");
     };
     let (final_params, loss) = train::evaluate(&mut peer, final_params).await?;
@@ -453,7 +468,7 @@ async fn join_from_swarm(
         Ok(snapshot) => snapshot,
         Err(e) => {
             tracing::warn!(
-                error = format!("{e:#}"),
+                error = crate::error_text::describe(&e),
                 "cannot download the swarm's state; starting from local state"
             );
             return;

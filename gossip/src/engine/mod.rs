@@ -119,7 +119,8 @@ pub enum EngineOutput<P> {
     /// Something to count or log.
     Event(EngineEvent<P>),
     /// Training stopped: the final parameters (SGP: de-biased). The engine may still be
-    /// handing off; keep driving it until [`EngineOutput::Departed`].
+    /// handing off; keep driving it until [`EngineOutput::Departed`]. An SGP joiner stopped
+    /// before its first share holds no parameters of the swarm and departs without it.
     Finished(Vec<f32>),
     /// Nothing is left to do: the engine can be dropped.
     Departed,

@@ -222,15 +222,19 @@ impl<P: PeerKey> SgpEngine<P> {
         Ok(())
     }
 
-    /// Once no step is in flight: the final parameters, then the hand-off.
+    /// Once no step is in flight: the final parameters, then the hand-off. A joiner asked
+    /// to stop before its first share holds no mass, so it has no parameters to give and
+    /// nothing to hand off: it departs without [`EngineOutput::Finished`].
     fn maybe_leave(&mut self, now: Time) -> Result<(), EngineError> {
         if !self.finishing || self.finished || self.working {
             return Ok(());
         }
         self.finished = true;
-        self.machine.debiased_into(&mut self.z)?;
-        self.outputs
-            .push_back(EngineOutput::Finished(std::mem::take(&mut self.z)));
+        if self.machine.state().weight() > 0.0 {
+            self.machine.debiased_into(&mut self.z)?;
+            self.outputs
+                .push_back(EngineOutput::Finished(std::mem::take(&mut self.z)));
+        }
         self.machine.handle(now, SgpInput::Leave)?;
         Ok(())
     }
@@ -543,5 +547,76 @@ impl<P: PeerKey> Engine<P> for SgpEngine<P> {
             shares_received: stats.shares_received,
             rounds: stats.shares_sent,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const SECOND: Duration = Duration::from_secs(1);
+
+    fn engine(params: Option<Vec<f32>>) -> SgpEngine<u32> {
+        let mut membership = Membership::new(0u32, SECOND, Time::ZERO);
+        membership.note(Time::ZERO, MemberEvent::Admitted(1));
+        SgpEngine::new(membership, params, 4, (0, 8), SgpConfig::default(), 0).expect("engine")
+    }
+
+    /// Every output queued now, in order.
+    fn drain(engine: &mut SgpEngine<u32>) -> Vec<EngineOutput<u32>> {
+        std::iter::from_fn(|| engine.poll_output()).collect()
+    }
+
+    #[test]
+    fn a_joiner_stopped_before_its_first_share_departs_with_no_parameters() {
+        let mut joiner = engine(None);
+        assert!(drain(&mut joiner).is_empty(), "no mass: no step");
+        joiner
+            .handle(Time::ZERO + SECOND, EngineInput::Finish)
+            .expect("a joiner with no mass stops cleanly");
+        match drain(&mut joiner).as_slice() {
+            [EngineOutput::Departed] => {}
+            other => panic!("expected departure alone, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_founder_stopped_gives_its_parameters_and_hands_its_mass_off() {
+        let mut founder = engine(Some(vec![1.0; 4]));
+        let step = drain(&mut founder);
+        assert!(
+            matches!(step.as_slice(), [EngineOutput::Work(Work::Step { .. })]),
+            "{step:?}"
+        );
+        founder
+            .handle(Time::ZERO + SECOND, EngineInput::Finish)
+            .expect("finish");
+        assert!(drain(&mut founder).is_empty(), "the step in flight first");
+        let done = WorkDone::Stepped {
+            params: vec![0.5; 4],
+            samples: 8,
+            took: Duration::from_millis(5),
+        };
+        founder
+            .handle(Time::ZERO + SECOND, EngineInput::WorkDone(done))
+            .expect("step done");
+        let outputs = drain(&mut founder);
+        assert!(
+            matches!(outputs.first(), Some(EngineOutput::Finished(p)) if p == &vec![0.5; 4]),
+            "{outputs:?}"
+        );
+        assert!(
+            outputs.iter().any(|o| matches!(
+                o,
+                EngineOutput::Send {
+                    to: 1,
+                    parcel: Parcel::Share(..),
+                    ..
+                }
+            )),
+            "the mass goes to the successor: {outputs:?}"
+        );
     }
 }
