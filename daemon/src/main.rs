@@ -9,6 +9,7 @@ mod checkpoint;
 mod cli;
 mod clock;
 mod config;
+mod error_text;
 mod first_peer;
 mod hosts;
 mod input_error;
@@ -59,7 +60,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("murmur: {err:#}");
+            eprintln!("murmur: {}", error_text::describe(&err));
             if err.downcast_ref::<input_error::BadInput>().is_some() {
                 ExitCode::from(2)
             } else {

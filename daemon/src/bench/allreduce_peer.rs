@@ -188,7 +188,7 @@ pub(crate) fn run(args: &AllreducePeerArgs) -> anyhow::Result<()> {
         };
         let result = bench(io, me, &loaded, args, workload).await;
         if let Err(e) = &result {
-            emit(json!({"event": "done", "error": format!("{e:#}")}));
+            emit(json!({"event": "done", "error": crate::error_text::describe(e)}));
         }
         if result.is_ok() {
             // This peer has its last round, but its averaged chunks may still be on their

@@ -163,7 +163,7 @@ pub(crate) fn run(args: &QualityArgs) -> anyhow::Result<()> {
                     "{}: {peers} peers, {mode} {codec}, seed {seed}",
                     scenario.name()
                 );
-                eprintln!("{what}: failed: {e:#}");
+                eprintln!("{what}: failed: {}", crate::error_text::describe(&e));
                 failures.push(what);
                 continue;
             }

@@ -123,7 +123,7 @@ fn swarm_outcome(
     match plot::write_loss_plot(&plot_path, &run.readings, plan.peers, floor) {
         Ok(None) => {}
         Ok(Some(note)) => notes.push(note),
-        Err(e) => notes.push(format!("no plot: {e:#}")),
+        Err(e) => notes.push(format!("no plot: {}", crate::error_text::describe(&e))),
     }
 
     let summary = Summary::build(

@@ -58,7 +58,10 @@ impl CheckpointWriter {
             .spawn(move || {
                 // Counted in `write`; training goes on, and the next one may succeed.
                 if let Err(e) = write(&target, &meta, &params) {
-                    tracing::warn!(error = format!("{e:#}"), "checkpoint not written");
+                    tracing::warn!(
+                        error = crate::error_text::describe(&e),
+                        "checkpoint not written"
+                    );
                 }
             });
         match spawned {

@@ -378,7 +378,10 @@ impl Peer {
             match published {
                 Some(Ok(())) => {}
                 Some(Err(e)) => {
-                    tracing::warn!(error = format!("{e:#}"), "state snapshot not refreshed");
+                    tracing::warn!(
+                        error = crate::error_text::describe(&e),
+                        "state snapshot not refreshed"
+                    );
                 }
                 None => tracing::debug!(
                     "state snapshot not refreshed: the optimizer's state is held; next step"
@@ -409,7 +412,10 @@ impl Peer {
         };
         let steps = state.steps_taken;
         if let Err(e) = self.worker.submit(Job::LoadOptimizer(state)) {
-            tracing::warn!(error = format!("{e:#}"), "optimizer state not loaded");
+            tracing::warn!(
+                error = crate::error_text::describe(&e),
+                "optimizer state not loaded"
+            );
             return;
         }
         let answer = tokio::time::timeout(Duration::from_secs(30), self.worker.done.recv()).await;
@@ -420,7 +426,7 @@ impl Peer {
             }
             Ok(Some(Err(e))) => {
                 tracing::warn!(
-                    error = format!("{e:#}"),
+                    error = crate::error_text::describe(&e),
                     "optimizer state not loaded; starting it fresh"
                 );
             }

@@ -247,7 +247,7 @@ pub(crate) async fn download(
             }
             Err(e) => {
                 let e = anyhow::Error::from(e);
-                tracing::warn!(%server, error = format!("{e:#}"), "state download interrupted; trying the next peer");
+                tracing::warn!(%server, error = crate::error_text::describe(&e), "state download interrupted; trying the next peer");
                 last_error = Some(e);
             }
         }
