@@ -271,7 +271,8 @@ fn summary(loaded: &LoadedConfig) -> String {
     let model = match config::memory_estimate(
         &loaded.task,
         loaded.training.micro_batches,
-        loaded.averaging.mode.mode(),
+        &loaded.averaging.mode,
+        loaded.averaging.codec,
     ) {
         Some(estimate) => format!("{model}, which needs {estimate}"),
         None => model,

@@ -765,3 +765,44 @@ fn spare_buffers_hold_at_most_three_shares_and_none_larger_than_one() {
     }
     assert_eq!(kept, 3);
 }
+
+/// Edge references are bounded by bytes as well as by count: a pair of `len`-long `f32`
+/// vectors per edge, each way. A budget below one pair is refused with a lossy codec, and
+/// ignored with exact shares, which keep none.
+#[test]
+fn the_reference_budget_bounds_the_edges_by_the_model_s_size() {
+    let config = SgpConfig {
+        max_edge_references: 8,
+        max_reference_bytes: 3 << 20,
+        ..int8_config()
+    };
+    // A pair of 2^17 elements is 1 MiB: three fit.
+    assert_eq!(config.edge_capacity(1 << 17), 3);
+    // A small model: the count bound.
+    assert_eq!(config.edge_capacity(1024), 8);
+    // Two pairs' worth of elements: none fits.
+    assert_eq!(config.edge_capacity(1 << 19), 0);
+    assert!(matches!(
+        SgpPeer::joining(0u32, [1], 1 << 19, config.clone()),
+        Err(SgpError::InvalidConfig {
+            key: "max_reference_bytes",
+            ..
+        })
+    ));
+    let exact = SgpConfig {
+        share_codec: CodecSpec::F32,
+        ..config
+    };
+    assert!(SgpPeer::joining(0u32, [1], 1 << 19, exact).is_ok());
+    let tiny = SgpConfig {
+        max_reference_bytes: 1000,
+        ..int8_config()
+    };
+    assert!(matches!(
+        tiny.validate(),
+        Err(SgpError::InvalidConfig {
+            key: "max_reference_bytes",
+            ..
+        })
+    ));
+}

@@ -7,8 +7,9 @@
 //!   their gradient, in the trainer and in candle's graph; up to two optimizer slots; the
 //!   copy of the parameters a checkpoint is written from);
 //! - the averaging mode's buffers: [`averaging_copies`] more copies (push-sum numerators,
-//!   per-edge references and shares in flight for SGP; a round's vectors for the others),
-//!   from peak memory measured per mode and rounded up;
+//!   one pair of edge references and shares in flight for SGP; a round's vectors for the
+//!   others), from peak memory measured per mode and rounded up, and for SGP with a lossy
+//!   codec every further reference pair it may keep ([`further_references`]);
 //! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of
 //!   it) (a GPT's per-token blocks, attention scores and logits; an MLP's layer outputs),
 //!   twice over for their gradients.
@@ -18,6 +19,8 @@
 
 use std::fmt;
 
+use murmur_gossip::sgp::SgpConfig;
+use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataShape, ModelConfig, TaskConfig};
 
@@ -43,6 +46,17 @@ pub(crate) fn averaging_copies(mode: AveragingMode) -> u64 {
     }
 }
 
+/// Reference vectors an SGP peer may keep beyond the pair [`averaging_copies`] counts
+/// (measured between two peers, one edge each way): with a lossy codec, a pair for every
+/// further edge up to [`SgpConfig::edge_capacity`], which `averaging.sgp.max_edge_references`
+/// and `averaging.sgp.max_reference_bytes` bound.
+pub(crate) fn further_references(sgp: &SgpConfig, params: usize) -> u64 {
+    if sgp.share_codec == CodecSpec::F32 {
+        return 0;
+    }
+    2 * (sgp.edge_capacity(params) as u64).saturating_sub(1)
+}
+
 /// Bytes of one `f32`.
 const F32: u64 = 4;
 
@@ -55,8 +69,11 @@ pub(crate) struct MemoryEstimate {
     pub(crate) state_bytes: u64,
     /// The averaging mode.
     pub(crate) mode: AveragingMode,
-    /// Bytes of the mode's buffers ([`averaging_copies`] copies of the parameters).
+    /// Bytes of the mode's buffers ([`averaging_copies`] copies of the parameters, and
+    /// SGP's [`further_references`]).
     pub(crate) averaging_bytes: u64,
+    /// SGP with a lossy codec: the edge references kept each way.
+    pub(crate) references_each_way: Option<usize>,
     /// Bytes of one pass's activations and their gradients.
     pub(crate) activation_bytes: u64,
 }
@@ -72,15 +89,20 @@ impl MemoryEstimate {
 
 impl fmt::Display for MemoryEstimate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let references = match self.references_each_way {
+            Some(count) => format!(", up to {count} edge references each way"),
+            None => String::new(),
+        };
         write!(
             f,
-            "about {} ({} parameters: {} of training state, {} of averaging buffers ({}), \
+            "about {} ({} parameters: {} of training state, {} of averaging buffers ({}{}), \
              {} of activations per pass)",
             Bytes(self.total()),
             self.params,
             Bytes(self.state_bytes),
             Bytes(self.averaging_bytes),
             self.mode,
+            references,
             Bytes(self.activation_bytes)
         )
     }
@@ -105,14 +127,22 @@ impl fmt::Display for Bytes {
 }
 
 /// The estimate for `task` with `params` parameters on data of `shape`, each step's batch
-/// cut into `micro_batches` passes, averaged in `mode`.
+/// cut into `micro_batches` passes, averaged in `mode` (`sgp`: with the settings `sgp`).
 pub(crate) fn estimate(
     task: &TaskConfig,
     shape: DataShape,
     params: usize,
     micro_batches: usize,
     mode: AveragingMode,
+    sgp: &SgpConfig,
 ) -> MemoryEstimate {
+    let (further, references_each_way) = match mode {
+        AveragingMode::Sgp if sgp.share_codec != CodecSpec::F32 => (
+            further_references(sgp, params),
+            Some(sgp.edge_capacity(params)),
+        ),
+        _ => (0, None),
+    };
     let params = params as u64;
     let batch = (task.data.batch_size / micro_batches.max(1)).max(1) as u64;
     let per_sample = match (&task.model, shape) {
@@ -139,7 +169,8 @@ pub(crate) fn estimate(
         params,
         state_bytes: params.saturating_mul(STATE_COPIES * F32),
         mode,
-        averaging_bytes: params.saturating_mul(averaging_copies(mode) * F32),
+        averaging_bytes: params.saturating_mul((averaging_copies(mode) + further) * F32),
+        references_each_way,
         activation_bytes: per_sample.saturating_mul(batch).saturating_mul(2 * F32),
     }
 }
@@ -158,6 +189,48 @@ mod tests {
     use murmur_trainer::{GptConfig, TaskPreset};
 
     use super::*;
+    use crate::config::schema::SgpSection;
+    use crate::config::validate::sgp_config;
+
+    /// `[averaging.sgp]`'s defaults with the default codec, `int8:64`.
+    fn sgp() -> SgpConfig {
+        sgp_config(SgpSection::default(), CodecSpec::parse("int8:64").unwrap())
+    }
+
+    #[test]
+    fn sgp_counts_a_reference_pair_per_edge_its_byte_budget_holds() {
+        let task = TaskPreset::default_local();
+        let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
+        // 124M parameters: 496 MB a vector, so the default 2 GiB holds two pairs.
+        let params = 124_000_000;
+        let mut config = sgp();
+        let two = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        assert_eq!(two.references_each_way, Some(2), "{two}");
+        assert_eq!(two.averaging_bytes, params as u64 * (12 + 2) * 4);
+        config.max_reference_bytes = params as u64 * 2 * 4;
+        let one = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        assert_eq!(one.references_each_way, Some(1), "{one}");
+        assert_eq!(one.averaging_bytes, params as u64 * 12 * 4);
+        config.max_reference_bytes = 4 * params as u64 * 2 * 4;
+        let four = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        assert_eq!(four.references_each_way, Some(4));
+        assert_eq!(four.averaging_bytes, params as u64 * (12 + 6) * 4);
+        assert!(
+            four.to_string()
+                .contains("up to 4 edge references each way"),
+            "{four}"
+        );
+        // The count bound still holds, and exact shares keep no references.
+        config.max_edge_references = 3;
+        let three = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        assert_eq!(three.references_each_way, Some(3));
+        config.share_codec = CodecSpec::F32;
+        let exact = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        assert_eq!(
+            (exact.references_each_way, exact.averaging_bytes),
+            (None, one.averaging_bytes)
+        );
+    }
 
     #[test]
     fn a_64_layer_gpt_of_width_8192_needs_hundreds_of_gib() {
@@ -175,7 +248,7 @@ mod tests {
             context: 2048,
         };
         let params = 64 * 12 * 8192 * 8192;
-        let estimate = estimate(&task, shape, params, 1, AveragingMode::Butterfly);
+        let estimate = estimate(&task, shape, params, 1, AveragingMode::Butterfly, &sgp());
         assert!(estimate.state_bytes > 1 << 40, "{estimate}");
         assert!(estimate.total() > estimate.state_bytes);
         assert!(estimate.to_string().contains("GiB"), "{estimate}");
@@ -186,9 +259,9 @@ mod tests {
         let task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
         let params = crate::config::param_count(&task).expect("a size");
-        let estimate = estimate(&task, shape, params, 1, AveragingMode::Sgp);
+        let estimate = estimate(&task, shape, params, 1, AveragingMode::Sgp, &sgp());
         assert!(estimate.total() < 256 << 20, "{estimate}");
-        let quarter = super::estimate(&task, shape, params, 4, AveragingMode::Sgp);
+        let quarter = super::estimate(&task, shape, params, 4, AveragingMode::Sgp, &sgp());
         assert_eq!(quarter.state_bytes, estimate.state_bytes);
         assert!(
             quarter.activation_bytes * 4 <= estimate.activation_bytes,
@@ -226,9 +299,9 @@ mod tests {
             context: 256,
         };
         let params = 38_473_216;
-        let none = estimate(&task, shape, params, 1, AveragingMode::Solo);
+        let none = estimate(&task, shape, params, 1, AveragingMode::Solo, &sgp());
         for (mode, measured) in MEASURED_38M {
-            let estimated = estimate(&task, shape, params, 1, mode);
+            let estimated = estimate(&task, shape, params, 1, mode, &sgp());
             // Above the measurement, and by more than the measurement's own spread between
             // peers (under 15%).
             assert!(

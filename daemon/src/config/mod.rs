@@ -31,7 +31,6 @@ use murmur_gossip::engine::ModeSettings;
 use murmur_gossip::net::NetConfig;
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{Invite, Keypair, PeerId, SwarmId};
-use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{Model, TaskConfig};
 
 pub(crate) use error::ConfigError;
@@ -138,16 +137,23 @@ pub(crate) struct Averaging {
 pub(crate) fn memory_estimate(
     task: &TaskConfig,
     micro_batches: usize,
-    mode: AveragingMode,
+    mode: &ModeSettings,
+    codec: CodecSpec,
 ) -> Option<memory::MemoryEstimate> {
     let shape = validate::data_shape(task)?;
     let model = Model::new(&task.model, shape).ok()?;
+    // The SGP settings in effect; another mode's estimate does not read them.
+    let sgp = match mode {
+        ModeSettings::Sgp(sgp) => sgp.clone(),
+        _ => validate::sgp_config(schema::SgpSection::default(), codec),
+    };
     Some(memory::estimate(
         task,
         shape,
         model.param_count(),
         micro_batches,
-        mode,
+        mode.mode(),
+        &sgp,
     ))
 }
 

@@ -215,6 +215,8 @@ pub(crate) struct SgpSection {
     pub(crate) share_timeout_ms: u64,
     /// With a lossy codec: reference vectors kept per direction.
     pub(crate) max_edge_references: usize,
+    /// With a lossy codec: bytes of reference vectors, both directions together.
+    pub(crate) max_reference_bytes: u64,
 }
 
 impl Default for SgpSection {
@@ -224,6 +226,7 @@ impl Default for SgpSection {
             staleness: 1,
             share_timeout_ms: 5_000,
             max_edge_references: 8,
+            max_reference_bytes: 1 << 31,
         }
     }
 }

@@ -196,6 +196,11 @@ fn out_of_range_values_name_their_key_line_and_value() {
             "min_group = 1\n",
             "averaging.butterfly.min_group",
         ),
+        (
+            "max_reference_bytes = 2147483648\n",
+            "max_reference_bytes = 1000\n",
+            "averaging.sgp.max_reference_bytes",
+        ),
         ("layers = 2\n", "layers = 0\n", "model.layers"),
         ("beta1 = 0.9\n", "beta1 = 1.5\n", "optimizer.beta1"),
         ("keep = 3\n", "keep = 0\n", "checkpoint.keep"),
@@ -473,4 +478,32 @@ fn special_files_and_oversized_models_are_refused_naming_the_key() {
         assert_eq!(err.key(), Some(key), "{err}");
         assert!(err.to_string().contains(says), "{err}");
     }
+}
+
+/// With a lossy codec an SGP peer keeps an edge reference at each end of an edge, a whole
+/// parameter vector each: a byte budget below one pair for the configured model is refused,
+/// naming the key and the numbers; with exact shares the same budget is fine.
+#[test]
+fn an_sgp_reference_budget_below_one_pair_for_the_model_is_refused() {
+    let s = Swarm::new();
+    // Width 256: 1.6M parameters, a pair of 12.6 MB.
+    let wide = ("width = 64\n", "width = 256\n");
+    let budget = (
+        "max_reference_bytes = 2147483648\n",
+        "max_reference_bytes = 4194304\n",
+    );
+    s.write_edited(&[wide, budget]);
+    let err = s.load().unwrap_err();
+    assert_eq!(
+        err.key(),
+        Some("averaging.sgp.max_reference_bytes"),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("4194304 bytes cannot hold one pair"),
+        "{err}"
+    );
+    s.write_edited(&[wide, budget, ("codec = \"int8:64\"\n", "codec = \"f32\"\n")]);
+    s.load().expect("exact shares keep no references");
 }

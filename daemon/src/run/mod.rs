@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use murmur_gossip::engine::{EngineSetup, Membership, ModeEngine, Start};
+use murmur_gossip::engine::{EngineSetup, Membership, ModeEngine, ModeSettings, Start};
 use murmur_gossip::net::driver::{self, DriverConfig, EngineClock, EngineIo};
 use murmur_gossip::net::exchange::{Mailbox, MailboxConfig, Outbox, OutboxConfig};
 use murmur_gossip::net::{self, NetEvent, NetIdentity};
@@ -34,6 +34,7 @@ use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, Sta
 use device::DeviceWatch;
 pub(crate) use device::{TrainingDevice, open as open_device};
 pub(crate) use fault::FAULT_VAR;
+use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::frame::FrameLimits;
 use murmur_protocol::message::AveragingMode;
 use murmur_protocol::snapshot::SnapshotLimits;
@@ -111,6 +112,25 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     if let Err((key, message)) = crate::config::frames::check(frame, settings.net.max_frame_payload)
     {
         anyhow::bail!("{key}: {message}");
+    }
+    if let ModeSettings::Sgp(sgp) = &settings.mode
+        && settings.codec != CodecSpec::F32
+    {
+        let each_way = sgp.edge_capacity(len);
+        if each_way == 0 {
+            anyhow::bail!(
+                "averaging.sgp.max_reference_bytes: {} bytes cannot hold one pair of edge \
+                 references for this model ({} bytes)",
+                sgp.max_reference_bytes,
+                len as u64 * 8
+            );
+        }
+        tracing::info!(
+            each_way,
+            vector_bytes = len * 4,
+            max_reference_bytes = sgp.max_reference_bytes,
+            "SGP edge references kept each way: at most {each_way}"
+        );
     }
     let optimizer = SharedOptimizer::default();
     let fault = fault::Fault::from_env()?;

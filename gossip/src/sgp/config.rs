@@ -47,7 +47,15 @@ pub struct SgpConfig {
     /// With a lossy share codec: at most this many out-edge and this many in-edge references
     /// are kept; the least recently used is dropped first (its next share is sent exactly).
     pub max_edge_references: usize,
+    /// With a lossy share codec: at most this many bytes of reference vectors, both
+    /// directions together. Each reference is a whole `f32` parameter vector, so this bounds
+    /// their count by the model's size ([`SgpConfig::edge_capacity`]); it must hold at least
+    /// one in each direction.
+    pub max_reference_bytes: u64,
 }
+
+/// The least [`SgpConfig::max_reference_bytes`] accepted.
+pub const MIN_REFERENCE_BYTES: u64 = 1 << 20;
 
 impl SgpConfig {
     /// Checks every value, naming the key that is out of range.
@@ -75,6 +83,13 @@ impl SgpConfig {
                 allowed: "at least 1",
             });
         }
+        if self.max_reference_bytes < MIN_REFERENCE_BYTES {
+            return Err(SgpError::InvalidConfig {
+                key: "max_reference_bytes",
+                value: self.max_reference_bytes.to_string(),
+                allowed: "at least 1048576",
+            });
+        }
         if !(1..=1024).contains(&self.max_edge_references) {
             return Err(SgpError::InvalidConfig {
                 key: "max_edge_references",
@@ -91,6 +106,16 @@ impl SgpConfig {
             })
     }
 
+    /// References a peer keeps in each direction for a model of `len` parameters, with a
+    /// lossy codec: [`SgpConfig::max_edge_references`], or fewer where a pair of `len`-long
+    /// `f32` vectors per edge would pass [`SgpConfig::max_reference_bytes`]. 0 means the
+    /// budget cannot hold even one pair.
+    pub fn edge_capacity(&self, len: usize) -> usize {
+        let pair = (len as u64).saturating_mul(2 * 4).max(1);
+        let fits = usize::try_from(self.max_reference_bytes / pair).unwrap_or(usize::MAX);
+        fits.min(self.max_edge_references)
+    }
+
     /// The share timeout as a duration.
     pub fn share_timeout(&self) -> Duration {
         Duration::from_millis(self.share_timeout_ms)
@@ -105,6 +130,7 @@ impl Default for SgpConfig {
             share_timeout_ms: 30_000,
             share_codec: CodecSpec::F32,
             max_edge_references: 32,
+            max_reference_bytes: 1 << 31,
         }
     }
 }

@@ -285,7 +285,14 @@ impl<P: PeerKey> SgpPeer<P> {
                     value: error.to_string(),
                     allowed: "a valid codec",
                 })?;
-            let capacity = config.max_edge_references;
+            let capacity = config.edge_capacity(state.len());
+            if capacity == 0 {
+                return Err(SgpError::InvalidConfig {
+                    key: "max_reference_bytes",
+                    value: config.max_reference_bytes.to_string(),
+                    allowed: "at least two parameter vectors of f32 (one reference each way)",
+                });
+            }
             Some(EdgeReferences::new(codec, capacity, state.len()))
         };
         let share_bytes = match &edges {

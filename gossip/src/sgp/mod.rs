@@ -78,7 +78,7 @@ mod schedule;
 mod share;
 mod state;
 
-pub use config::SgpConfig;
+pub use config::{MIN_REFERENCE_BYTES, SgpConfig};
 pub use error::SgpError;
 pub use machine::{
     GIVE_UP_AFTER, HANDOFF_RETRY_FIRST, HANDOFF_RETRY_MAX, SgpInput, SgpOutput, SgpPeer, SgpStats,
