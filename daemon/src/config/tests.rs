@@ -480,30 +480,44 @@ fn special_files_and_oversized_models_are_refused_naming_the_key() {
     }
 }
 
-/// With a lossy codec an SGP peer keeps an edge reference at each end of an edge, a whole
-/// parameter vector each: a byte budget below one pair for the configured model is refused,
-/// naming the key and the numbers; with exact shares the same budget is fine.
+/// With a lossy codec an SGP peer keeps a whole parameter vector per edge end: the byte
+/// budget bounds how many edges it keeps each way for the configured model (one at least),
+/// and the memory estimate counts them; exact shares keep none.
 #[test]
-fn an_sgp_reference_budget_below_one_pair_for_the_model_is_refused() {
+fn the_sgp_reference_budget_bounds_the_edges_in_the_estimate() {
     let s = Swarm::new();
     // Width 256: 1.6M parameters, a pair of 12.6 MB.
     let wide = ("width = 64\n", "width = 256\n");
-    let budget = (
-        "max_reference_bytes = 2147483648\n",
-        "max_reference_bytes = 4194304\n",
-    );
-    s.write_edited(&[wide, budget]);
-    let err = s.load().unwrap_err();
+    let each_way = |edits: &[(&str, &str)]| {
+        s.write_edited(edits);
+        let loaded = s.load().expect("loads");
+        crate::config::memory_estimate(
+            &loaded.task,
+            loaded.training.micro_batches,
+            &loaded.averaging.mode,
+            loaded.averaging.codec,
+        )
+        .expect("a size from the config")
+        .references_each_way
+    };
+    assert_eq!(each_way(&[wide]), Some(8), "the count bound");
+    let budget = |bytes: &'static str| ("max_reference_bytes = 2147483648\n", bytes);
     assert_eq!(
-        err.key(),
-        Some("averaging.sgp.max_reference_bytes"),
-        "{err}"
+        each_way(&[wide, budget("max_reference_bytes = 40000000\n")]),
+        Some(3)
     );
-    assert!(
-        err.to_string()
-            .contains("4194304 bytes cannot hold one pair"),
-        "{err}"
+    assert_eq!(
+        each_way(&[wide, budget("max_reference_bytes = 4194304\n")]),
+        Some(1),
+        "one edge each way whatever the budget"
     );
-    s.write_edited(&[wide, budget, ("codec = \"int8:64\"\n", "codec = \"f32\"\n")]);
-    s.load().expect("exact shares keep no references");
+    assert_eq!(
+        each_way(&[
+            wide,
+            budget("max_reference_bytes = 4194304\n"),
+            ("codec = \"int8:64\"\n", "codec = \"f32\"\n"),
+        ]),
+        None,
+        "exact shares keep no references"
+    );
 }

@@ -15,7 +15,6 @@ use murmur_gossip::net::{NetConfig, NetError};
 use murmur_gossip::sgp::{SgpConfig, SgpError};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{PeerId, SwarmId};
-use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataShape, DataSource, Model, TaskConfig, TrainerDevice};
 
 use super::error::{ConfigError, Location};
@@ -172,23 +171,6 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
                      data.batch_size, raise training.micro_batches, or choose an \
                      averaging.mode that holds fewer copies (sync-ring and sgp hold the most)",
                     Bytes(available)
-                ),
-            ));
-        }
-        if averaging.mode == AveragingMode::Sgp
-            && codec != CodecSpec::F32
-            && sgp.edge_capacity(model.param_count()) == 0
-        {
-            let pair = model.param_count() as u64 * 2 * 4;
-            return Err(at.invalid(
-                "averaging.sgp.max_reference_bytes",
-                SgpSection::default().max_reference_bytes,
-                format!(
-                    "{} bytes cannot hold one pair of edge references for this model (two \
-                     vectors of {} parameters, {pair} bytes): raise it to at least {pair}, \
-                     or send exact shares (averaging.codec = \"f32\"), which keep none",
-                    sgp.max_reference_bytes,
-                    model.param_count()
                 ),
             ));
         }

@@ -117,14 +117,6 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         && settings.codec != CodecSpec::F32
     {
         let each_way = sgp.edge_capacity(len);
-        if each_way == 0 {
-            anyhow::bail!(
-                "averaging.sgp.max_reference_bytes: {} bytes cannot hold one pair of edge \
-                 references for this model ({} bytes)",
-                sgp.max_reference_bytes,
-                len as u64 * 8
-            );
-        }
         tracing::info!(
             each_way,
             vector_bytes = len * 4,

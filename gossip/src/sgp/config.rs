@@ -49,8 +49,8 @@ pub struct SgpConfig {
     pub max_edge_references: usize,
     /// With a lossy share codec: at most this many bytes of reference vectors, both
     /// directions together. Each reference is a whole `f32` parameter vector, so this bounds
-    /// their count by the model's size ([`SgpConfig::edge_capacity`]); it must hold at least
-    /// one in each direction.
+    /// their count by the model's size ([`SgpConfig::edge_capacity`]); one edge each way is
+    /// kept whatever the budget, since every edge in use needs its reference.
     pub max_reference_bytes: u64,
 }
 
@@ -108,12 +108,11 @@ impl SgpConfig {
 
     /// References a peer keeps in each direction for a model of `len` parameters, with a
     /// lossy codec: [`SgpConfig::max_edge_references`], or fewer where a pair of `len`-long
-    /// `f32` vectors per edge would pass [`SgpConfig::max_reference_bytes`]. 0 means the
-    /// budget cannot hold even one pair.
+    /// `f32` vectors per edge would pass [`SgpConfig::max_reference_bytes`]; at least one.
     pub fn edge_capacity(&self, len: usize) -> usize {
         let pair = (len as u64).saturating_mul(2 * 4).max(1);
         let fits = usize::try_from(self.max_reference_bytes / pair).unwrap_or(usize::MAX);
-        fits.min(self.max_edge_references)
+        fits.min(self.max_edge_references).max(1)
     }
 
     /// The share timeout as a duration.

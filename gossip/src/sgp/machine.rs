@@ -286,13 +286,6 @@ impl<P: PeerKey> SgpPeer<P> {
                     allowed: "a valid codec",
                 })?;
             let capacity = config.edge_capacity(state.len());
-            if capacity == 0 {
-                return Err(SgpError::InvalidConfig {
-                    key: "max_reference_bytes",
-                    value: config.max_reference_bytes.to_string(),
-                    allowed: "at least two parameter vectors of f32 (one reference each way)",
-                });
-            }
             Some(EdgeReferences::new(codec, capacity, state.len()))
         };
         let share_bytes = match &edges {
