@@ -139,15 +139,8 @@ fn a_joiner_stopped_before_its_first_share_leaves_cleanly_and_takes_no_mass() {
         log.contains("stopped before the swarm's first share arrived")
     });
 
-    // The founder still holds the swarm's whole mass.
-    founder.signal("USR2");
-    let steps = founder.step();
-    founder.wait_for("steps again after the resume", PATIENCE, |l| {
-        l.is("progress") && l.u64("step") >= steps + 3
-    });
-    // Paused again, so that no share of its own is in flight when the weight is read.
-    founder.signal("USR1");
-    std::thread::sleep(SETTLE);
+    // The founder, still paused, holds the swarm's whole mass: nothing went to the joiner.
+    std::thread::sleep(Duration::from_millis(1_500));
     founder.drain();
     assert!(
         (weight(&founder) - 1.0).abs() < 1e-6,
