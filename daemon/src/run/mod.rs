@@ -254,11 +254,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     .await;
     if met == meet::Met::Stopped {
         tracing::info!("stop requested before training started: leaving");
-        peer.report_progress(membership.len());
-        let losses = peer.eval_losses();
-        peer.progress.done(&peer.counters, losses, "signal", None);
-        let _ = stop_http.send(());
-        let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
+        stopped_untrained(&mut peer, membership.len(), stop_http, &net).await;
         return Ok(());
     }
     let swarm_step = membership.swarm_step();
@@ -354,11 +350,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         // parameters of the swarm, so it has nothing to evaluate or save.
         if finish == Finish::Signal && mode == AveragingMode::Sgp {
             tracing::info!("stopped before the swarm's first share arrived: nothing to save");
-            peer.report_progress(handle.status().peers);
-            let losses = peer.eval_losses();
-            peer.progress.done(&peer.counters, losses, "signal", None);
-            let _ = stop_http.send(());
-            let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
+            stopped_untrained(&mut peer, handle.status().peers, stop_http, &net).await;
             return Ok(());
         }
         anyhow::bail!("the averaging engine stopped without its final parameters");
@@ -385,6 +377,21 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     }
     let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
     Ok(())
+}
+
+/// Ends a peer stopped before it held parameters worth saving: its `done` line says
+/// `signal`, and nothing is evaluated or checkpointed.
+async fn stopped_untrained(
+    peer: &mut Peer,
+    peers: usize,
+    stop_http: tokio::sync::oneshot::Sender<()>,
+    net: &net::NetHandle,
+) {
+    peer.report_progress(peers);
+    let losses = peer.eval_losses();
+    peer.progress.done(&peer.counters, losses, "signal", None);
+    let _ = stop_http.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(2), net.shutdown()).await;
 }
 
 /// A hash of the model's parameter layout: every tensor's name and shape, in order.
