@@ -198,7 +198,9 @@ fn clipping_sets_a_sign_flipping_peer_aside_and_without_it_the_run_is_wrecked() 
         clipped.iter().all(|&l| l < 0.7 * initial),
         "with clipping the honest peers train: {clipped:?} from {initial}"
     );
-    let (wrecked, _, rejected) = flipped_run("120", &[]);
+    // The attack needs no more than a third of the steps to wreck the run (losses of 5.8 to
+    // 7.2 from 3.4 after 40, in three runs).
+    let (wrecked, _, rejected) = flipped_run("40", &[]);
     assert_eq!(rejected, 0, "no clipping, nothing set aside");
     assert!(
         wrecked.iter().all(|&l| l > initial),
