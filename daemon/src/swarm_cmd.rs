@@ -272,7 +272,6 @@ fn summary(loaded: &LoadedConfig) -> String {
         &loaded.task,
         loaded.training.micro_batches,
         &loaded.averaging.mode,
-        loaded.averaging.codec,
     ) {
         Some(estimate) => format!("{model}, which needs {estimate}"),
         None => model,

@@ -9,7 +9,8 @@
 //! - the averaging mode's buffers: [`averaging_copies`] more copies (push-sum numerators,
 //!   one pair of edge references and shares in flight for SGP; a round's vectors for the
 //!   others), from peak memory measured per mode and rounded up, and for SGP with a lossy
-//!   codec every further reference pair it may keep ([`further_references`]);
+//!   codec two more for every further edge it may keep (`averaging.sgp.max_edge_references`
+//!   and `max_reference_bytes` bound them: [`SgpConfig::references_each_way`]);
 //! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of
 //!   it) (a GPT's per-token blocks, attention scores and logits; an MLP's layer outputs),
 //!   twice over for their gradients.
@@ -20,7 +21,6 @@
 use std::fmt;
 
 use murmur_gossip::sgp::SgpConfig;
-use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataShape, ModelConfig, TaskConfig};
 
@@ -46,17 +46,6 @@ pub(crate) fn averaging_copies(mode: AveragingMode) -> u64 {
     }
 }
 
-/// Reference vectors an SGP peer may keep beyond the pair [`averaging_copies`] counts
-/// (measured between two peers, one edge each way): with a lossy codec, a pair for every
-/// further edge up to [`SgpConfig::edge_capacity`], which `averaging.sgp.max_edge_references`
-/// and `averaging.sgp.max_reference_bytes` bound.
-pub(crate) fn further_references(sgp: &SgpConfig, params: usize) -> u64 {
-    if sgp.share_codec == CodecSpec::F32 {
-        return 0;
-    }
-    2 * (sgp.edge_capacity(params) as u64).saturating_sub(1)
-}
-
 /// Bytes of one `f32`.
 const F32: u64 = 4;
 
@@ -69,8 +58,8 @@ pub(crate) struct MemoryEstimate {
     pub(crate) state_bytes: u64,
     /// The averaging mode.
     pub(crate) mode: AveragingMode,
-    /// Bytes of the mode's buffers ([`averaging_copies`] copies of the parameters, and
-    /// SGP's [`further_references`]).
+    /// Bytes of the mode's buffers ([`averaging_copies`] copies of the parameters, and two
+    /// for each of SGP's edges beyond the first).
     pub(crate) averaging_bytes: u64,
     /// SGP with a lossy codec: the edge references kept each way.
     pub(crate) references_each_way: Option<usize>,
@@ -127,22 +116,19 @@ impl fmt::Display for Bytes {
 }
 
 /// The estimate for `task` with `params` parameters on data of `shape`, each step's batch
-/// cut into `micro_batches` passes, averaged in `mode` (`sgp`: with the settings `sgp`).
+/// cut into `micro_batches` passes, averaged in `mode` (with the settings `sgp` when that is
+/// `sgp`).
 pub(crate) fn estimate(
     task: &TaskConfig,
     shape: DataShape,
     params: usize,
     micro_batches: usize,
     mode: AveragingMode,
-    sgp: &SgpConfig,
+    sgp: Option<&SgpConfig>,
 ) -> MemoryEstimate {
-    let (further, references_each_way) = match mode {
-        AveragingMode::Sgp if sgp.share_codec != CodecSpec::F32 => (
-            further_references(sgp, params),
-            Some(sgp.edge_capacity(params)),
-        ),
-        _ => (0, None),
-    };
+    let references_each_way = sgp.and_then(|sgp| sgp.references_each_way(params));
+    // The measured copies hold one pair; every further edge adds one reference each way.
+    let further = references_each_way.map_or(0, |each_way| 2 * (each_way as u64 - 1));
     let params = params as u64;
     let batch = (task.data.batch_size / micro_batches.max(1)).max(1) as u64;
     let per_sample = match (&task.model, shape) {
@@ -188,6 +174,8 @@ pub(crate) fn available_bytes() -> Option<u64> {
 mod tests {
     use murmur_trainer::{GptConfig, TaskPreset};
 
+    use murmur_protocol::codec::CodecSpec;
+
     use super::*;
     use crate::config::schema::SgpSection;
     use crate::config::validate::sgp_config;
@@ -204,15 +192,15 @@ mod tests {
         // 124M parameters: 496 MB a vector, so the default 2 GiB holds two pairs.
         let params = 124_000_000;
         let mut config = sgp();
-        let two = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        let two = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(two.references_each_way, Some(2), "{two}");
         assert_eq!(two.averaging_bytes, params as u64 * (12 + 2) * 4);
         config.max_reference_bytes = params as u64 * 2 * 4;
-        let one = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        let one = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(one.references_each_way, Some(1), "{one}");
         assert_eq!(one.averaging_bytes, params as u64 * 12 * 4);
         config.max_reference_bytes = 4 * params as u64 * 2 * 4;
-        let four = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        let four = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(four.references_each_way, Some(4));
         assert_eq!(four.averaging_bytes, params as u64 * (12 + 6) * 4);
         assert!(
@@ -222,10 +210,10 @@ mod tests {
         );
         // The count bound still holds, and exact shares keep no references.
         config.max_edge_references = 3;
-        let three = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        let three = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(three.references_each_way, Some(3));
         config.share_codec = CodecSpec::F32;
-        let exact = estimate(&task, shape, params, 1, AveragingMode::Sgp, &config);
+        let exact = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(
             (exact.references_each_way, exact.averaging_bytes),
             (None, one.averaging_bytes)
@@ -248,7 +236,7 @@ mod tests {
             context: 2048,
         };
         let params = 64 * 12 * 8192 * 8192;
-        let estimate = estimate(&task, shape, params, 1, AveragingMode::Butterfly, &sgp());
+        let estimate = estimate(&task, shape, params, 1, AveragingMode::Butterfly, None);
         assert!(estimate.state_bytes > 1 << 40, "{estimate}");
         assert!(estimate.total() > estimate.state_bytes);
         assert!(estimate.to_string().contains("GiB"), "{estimate}");
@@ -259,9 +247,9 @@ mod tests {
         let task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
         let params = crate::config::param_count(&task).expect("a size");
-        let estimate = estimate(&task, shape, params, 1, AveragingMode::Sgp, &sgp());
+        let estimate = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&sgp()));
         assert!(estimate.total() < 256 << 20, "{estimate}");
-        let quarter = super::estimate(&task, shape, params, 4, AveragingMode::Sgp, &sgp());
+        let quarter = super::estimate(&task, shape, params, 4, AveragingMode::Sgp, Some(&sgp()));
         assert_eq!(quarter.state_bytes, estimate.state_bytes);
         assert!(
             quarter.activation_bytes * 4 <= estimate.activation_bytes,
@@ -299,9 +287,11 @@ mod tests {
             context: 256,
         };
         let params = 38_473_216;
-        let none = estimate(&task, shape, params, 1, AveragingMode::Solo, &sgp());
+        let none = estimate(&task, shape, params, 1, AveragingMode::Solo, None);
+        let sgp = sgp();
         for (mode, measured) in MEASURED_38M {
-            let estimated = estimate(&task, shape, params, 1, mode, &sgp());
+            let settings = (mode == AveragingMode::Sgp).then_some(&sgp);
+            let estimated = estimate(&task, shape, params, 1, mode, settings);
             // Above the measurement, and by more than the measurement's own spread between
             // peers (under 15%).
             assert!(

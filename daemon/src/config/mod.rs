@@ -138,14 +138,12 @@ pub(crate) fn memory_estimate(
     task: &TaskConfig,
     micro_batches: usize,
     mode: &ModeSettings,
-    codec: CodecSpec,
 ) -> Option<memory::MemoryEstimate> {
     let shape = validate::data_shape(task)?;
     let model = Model::new(&task.model, shape).ok()?;
-    // The SGP settings in effect; another mode's estimate does not read them.
     let sgp = match mode {
-        ModeSettings::Sgp(sgp) => sgp.clone(),
-        _ => validate::sgp_config(schema::SgpSection::default(), codec),
+        ModeSettings::Sgp(sgp) => Some(sgp),
+        _ => None,
     };
     Some(memory::estimate(
         task,
@@ -153,7 +151,7 @@ pub(crate) fn memory_estimate(
         model.param_count(),
         micro_batches,
         mode.mode(),
-        &sgp,
+        sgp,
     ))
 }
 

@@ -495,7 +495,6 @@ fn the_sgp_reference_budget_bounds_the_edges_in_the_estimate() {
             &loaded.task,
             loaded.training.micro_batches,
             &loaded.averaging.mode,
-            loaded.averaging.codec,
         )
         .expect("a size from the config")
         .references_each_way

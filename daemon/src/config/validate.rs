@@ -15,6 +15,7 @@ use murmur_gossip::net::{NetConfig, NetError};
 use murmur_gossip::sgp::{SgpConfig, SgpError};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::identity::{PeerId, SwarmId};
+use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataShape, DataSource, Model, TaskConfig, TrainerDevice};
 
 use super::error::{ConfigError, Location};
@@ -157,7 +158,7 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
             model.param_count(),
             micro_batches,
             averaging.mode,
-            &sgp,
+            (averaging.mode == AveragingMode::Sgp).then_some(&sgp),
         );
         if let Some(available) = memory::available_bytes()
             && estimate.total() > available

@@ -34,7 +34,6 @@ use crate::observe::{self, HttpLimits, Metrics, MetricsOptions, StatusBoard, Sta
 use device::DeviceWatch;
 pub(crate) use device::{TrainingDevice, open as open_device};
 pub(crate) use fault::FAULT_VAR;
-use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::frame::FrameLimits;
 use murmur_protocol::message::AveragingMode;
 use murmur_protocol::snapshot::SnapshotLimits;
@@ -114,9 +113,8 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         anyhow::bail!("{key}: {message}");
     }
     if let ModeSettings::Sgp(sgp) = &settings.mode
-        && settings.codec != CodecSpec::F32
+        && let Some(each_way) = sgp.references_each_way(len)
     {
-        let each_way = sgp.edge_capacity(len);
         tracing::info!(
             each_way,
             vector_bytes = len * 4,

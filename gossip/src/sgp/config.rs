@@ -115,6 +115,12 @@ impl SgpConfig {
         fits.min(self.max_edge_references).max(1)
     }
 
+    /// Edge references a peer keeps each way for a model of `len` parameters: `None` with
+    /// exact (`f32`) shares, which keep none, else [`SgpConfig::edge_capacity`].
+    pub fn references_each_way(&self, len: usize) -> Option<usize> {
+        (self.share_codec != CodecSpec::F32).then(|| self.edge_capacity(len))
+    }
+
     /// The share timeout as a duration.
     pub fn share_timeout(&self) -> Duration {
         Duration::from_millis(self.share_timeout_ms)
