@@ -16,9 +16,16 @@ use murmur_protocol::codec::CodecSpec;
 const LEN: usize = 64;
 
 fn engine(round: u64) -> ModeEngine<u32> {
+    engine_averaging_params_every(round, ButterflyConfig::default().average_params_every)
+}
+
+fn engine_averaging_params_every(round: u64, every: u64) -> ModeEngine<u32> {
     let mode = ModeSettings::Butterfly {
         target_batch: 3 * 32,
-        butterfly: ButterflyConfig::default(),
+        butterfly: ButterflyConfig {
+            average_params_every: every,
+            ..ButterflyConfig::default()
+        },
     };
     let setup = EngineSetup {
         codec: CodecSpec::F32,
@@ -100,4 +107,33 @@ fn a_peer_a_round_behind_moves_to_the_swarms_round_with_its_first_samples() {
         own.looking.is_some_and(|l| l.round == 5),
         "the others' 64 samples and its 32 make round 5 due: it looks for a group there"
     );
+}
+
+/// A peer at a parameter round the swarm has left holds no gradient to wait with: it moves
+/// to the swarm's round at once, without samples. It once stayed, looking alone, giving up
+/// and looking again on every heartbeat it heard, which flooded a swarm of sixteen.
+#[test]
+fn a_peer_behind_at_a_parameter_round_moves_to_the_swarms_round_at_once() {
+    // Every second round averages parameters: round 1 is one.
+    let mut engine = engine_averaging_params_every(1, 2);
+    let t = |ms: u64| Time::ZERO + Duration::from_millis(ms);
+    for peer in [1u32, 2] {
+        let beat = Beat {
+            step: 4,
+            samples_accumulated: 32,
+            samples_per_s: 320.0,
+            ..Beat::EMPTY
+        };
+        engine
+            .handle(
+                t(10),
+                EngineInput::Member(MemberEvent::Heartbeat(peer, beat)),
+            )
+            .unwrap();
+    }
+    engine.handle(t(10), EngineInput::Tick).unwrap();
+    let (_, caught_up) = drain(&mut engine, 4);
+    assert!(caught_up, "it moves to the swarm's round 4");
+    let own = engine.membership().own();
+    assert_eq!((own.step, own.samples_accumulated), (4, 0));
 }

@@ -375,6 +375,9 @@ impl ConfigTables {
             // The peers' weights are 1 to N on purpose and the exact weighted mean is the
             // reference: nothing is bounded.
             max_weight_ratio: 0.0,
+            // Every round averages the vectors the benchmark hands in, checked against
+            // their exact mean: no round averages parameters instead.
+            average_params_every: 0,
             target_group: args.target_group.unwrap_or(args.peers),
             ..ButterflyConfig::default()
         };

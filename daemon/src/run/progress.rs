@@ -209,6 +209,7 @@ impl Progress {
             "group": round.group_size,
             "part": round.part_elements,
             "drift": round.drift,
+            "averaged": if round.parameters { "parameters" } else { "gradients" },
             "weights_capped": round.weights_capped,
             "contributions_rejected": round.contributions_rejected,
         }));

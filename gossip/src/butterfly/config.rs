@@ -58,6 +58,14 @@ pub struct ButterflyConfig {
     /// at which training stays stable. Off, a peer waits for its round's update before its
     /// next gradient, as a synchronous all-reduce does. Other modes always wait.
     pub overlap: bool,
+    /// `butterfly` mode: every this many rounds, one round averages the members'
+    /// parameters instead of their gradients, and each member takes the average as its
+    /// parameters. Averaging gradients keeps whatever difference there is between two
+    /// replicas, so replicas that drifted apart (a joiner started from an older snapshot, a
+    /// part whose reducer fell silent and kept local values, optimizer states that differ)
+    /// never meet again without it. 0 turns it off; 1 is refused (no gradient would be
+    /// averaged).
+    pub average_params_every: u64,
 }
 
 /// CenteredClip at the reducer (Karimireddy, He and Jaggi, 2021).
@@ -161,6 +169,13 @@ impl ButterflyConfig {
                 "0 (off) or 1 to 1e6",
             );
         }
+        if self.average_params_every == 1 {
+            return invalid(
+                "average_params_every",
+                self.average_params_every.to_string(),
+                "0 (off) or at least 2",
+            );
+        }
         if let Some(clip) = self.clip {
             // In a pair neither contribution is an outlier to the other, and one flipped
             // ×1000 gradient inflates the other member's optimizer state until it stops
@@ -225,6 +240,7 @@ impl Default for ButterflyConfig {
             clip: None,
             max_weight_ratio: 4.0,
             overlap: false,
+            average_params_every: 10,
         }
     }
 }

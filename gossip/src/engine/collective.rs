@@ -47,6 +47,9 @@ pub struct RoundReport<P> {
     pub matchmaking: Duration,
     /// Relative distance between this member's contribution and the result (butterfly).
     pub drift: Option<f64>,
+    /// The round averaged parameters (local SGD, butterfly's parameter rounds), not
+    /// gradients.
+    pub parameters: bool,
     /// Senders whose declared weight this member's reduction cut to its bound.
     pub weights_capped: u64,
     /// Contributions this member's CenteredClip set aside as outliers, summed over chunks.
@@ -495,6 +498,7 @@ impl<P: PeerKey> Collective<P> {
             finished_after: finished_at.saturating_since(self.started),
             matchmaking: self.matchmaking,
             drift,
+            parameters: false,
             weights_capped,
             contributions_rejected,
         };

@@ -154,6 +154,13 @@ pub struct RoundEngine<P> {
     draining: Vec<Collective<P>>,
     /// A finished round's averaged vector, until it is applied.
     result: Option<Vec<f32>>,
+    /// A parameter round's contribution: the parameters as they were when it became due
+    /// (with `overlap` the trainer may hold them when the group begins; only an applied
+    /// update changes them).
+    params_taken: Option<Vec<f32>>,
+    /// The error-feedback residuals of the gradient rounds, set aside while a parameter
+    /// round runs: what a gradient's encoding lost belongs to the next gradient.
+    feedback_aside: Option<Residuals>,
     /// Vector memory for the next round.
     spare: RoundBuffers,
     early: Early<P>,
@@ -233,6 +240,8 @@ impl<P: PeerKey> RoundEngine<P> {
             collective: None,
             draining: Vec::new(),
             result: None,
+            params_taken: None,
+            feedback_aside: None,
             spare,
             early: Early::default(),
             spares: Spares::default(),
@@ -488,6 +497,10 @@ impl<P: PeerKey> RoundEngine<P> {
 
     /// Whether this peer's next round is due.
     fn due(&self) -> bool {
+        if self.averages_params() {
+            // Nothing to gather; the parameters must be here to be taken.
+            return self.params.is_some();
+        }
         match self.settings.policy {
             RoundPolicy::Butterfly { target_batch } => {
                 let gathered = self.samples + self.membership.samples_at(self.round);
@@ -525,9 +538,9 @@ impl<P: PeerKey> RoundEngine<P> {
         // groups form only among peers at the same round, and a peer left behind would
         // gather towards its old round alone while the others wait for it (it heartbeats
         // at the round before theirs). It moves to the swarm's round, keeping what it
-        // gathered.
+        // gathered. At a parameter round it holds nothing to wait with: it moves at once.
         let swarm = self.membership.swarm_step();
-        if swarm > self.round && self.samples > 0 {
+        if swarm > self.round && (self.samples > 0 || self.averages_params()) {
             self.outputs
                 .push_back(EngineOutput::Event(EngineEvent::CaughtUp {
                     from: self.round,
@@ -543,6 +556,16 @@ impl<P: PeerKey> RoundEngine<P> {
         // The synchronous modes step and average in turn: the trainer must be done.
         if !self.overlaps() && self.working.is_some() {
             return Ok(());
+        }
+        if self.averages_params() {
+            let params = self
+                .params
+                .as_deref()
+                .expect("a parameter round is due with them");
+            let mut taken = std::mem::take(&mut self.spare.local);
+            taken.clear();
+            taken.extend_from_slice(params);
+            self.params_taken = Some(taken);
         }
         self.phase = Phase::Matching { since: now };
         self.matchmaker.set_target_group(self.expected_group());
@@ -649,6 +672,34 @@ impl<P: PeerKey> RoundEngine<P> {
             .push_back(EngineOutput::Send { to, tag, parcel });
     }
 
+    /// Whether this round averages parameters rather than gradients: in butterfly mode,
+    /// the last of every `average_params_every` rounds. Members agree by the round's
+    /// number, and groups form only among members at the same round.
+    fn averages_params(&self) -> bool {
+        let every = self.settings.butterfly.average_params_every;
+        matches!(self.settings.policy, RoundPolicy::Butterfly { .. })
+            && every >= 2
+            && (self.round + 1).is_multiple_of(every)
+    }
+
+    /// Gradient rounds before this one: the rounds the optimizer has stepped in.
+    fn gradient_rounds(&self) -> u64 {
+        let every = self.settings.butterfly.average_params_every;
+        if every >= 2 {
+            self.round - self.round / every
+        } else {
+            self.round
+        }
+    }
+
+    /// A parameter round's contribution goes back to the spare memory unused (its search
+    /// was cancelled, or found no group: the parameters stay as they are).
+    fn put_back_params_taken(&mut self) {
+        if let Some(taken) = self.params_taken.take() {
+            self.spare.local = taken;
+        }
+    }
+
     /// Takes the contribution out of the accumulation: the mean gradient (butterfly,
     /// sync-ring) or the parameters (local SGD, see [`super::local_sgd`]), into `out`;
     /// returns its weight.
@@ -686,8 +737,19 @@ impl<P: PeerKey> RoundEngine<P> {
         };
         let matchmaking = now.saturating_since(since);
         let mut buffers = std::mem::take(&mut self.spare);
-        let mut local = std::mem::take(&mut buffers.local);
-        let mut weight = self.take_contribution(&mut local);
+        let (mut local, mut weight) = match self.params_taken.take() {
+            // Every member's parameters count alike; the gradient gathered meanwhile waits
+            // for the next round, and so do the gradients' residuals.
+            Some(params) => {
+                self.feedback_aside = buffers.feedback.take();
+                (params, 1.0)
+            }
+            None => {
+                let mut local = std::mem::take(&mut buffers.local);
+                let weight = self.take_contribution(&mut local);
+                (local, weight)
+            }
+        };
         if local.iter().any(|x| !x.is_finite()) {
             // A trainer that diverged has nothing to give: this member takes the group's
             // average with no weight of its own, which also brings it back.
@@ -778,6 +840,17 @@ impl<P: PeerKey> RoundEngine<P> {
         if !matches!(self.phase, Phase::Matching { .. }) {
             return Ok(());
         }
+        if self.params_taken.is_some() {
+            // Alone, the average of the parameters is this peer's own.
+            self.put_back_params_taken();
+            self.outputs
+                .push_back(EngineOutput::Event(EngineEvent::Alone {
+                    round: self.round,
+                }));
+            self.end_round(now);
+            self.next_work();
+            return Ok(());
+        }
         let mut local = std::mem::take(&mut self.spare.result);
         self.take_contribution(&mut local);
         self.outputs
@@ -797,11 +870,16 @@ impl<P: PeerKey> RoundEngine<P> {
             collective.drain(now, &mut self.next_tag, &mut self.spares, &mut self.outputs);
             if collective.is_finished() {
                 let mut collective = self.collective.take().expect("checked above");
-                let (mut buffers, report) = collective.take_result(now);
+                let (mut buffers, mut report) = collective.take_result(now);
+                report.parameters = self.averages_params()
+                    || matches!(self.settings.policy, RoundPolicy::LocalSgd(_));
                 // A ring that did not finish hands over each segment's mean over what
                 // reached this member (see `RingOutput::Failed`).
                 let result = std::mem::take(&mut buffers.result);
                 if let Some(feedback) = collective.take_feedback() {
+                    buffers.feedback = Some(feedback);
+                }
+                if let Some(feedback) = self.feedback_aside.take() {
                     buffers.feedback = Some(feedback);
                 }
                 if let Some(drift) = report.drift {
@@ -858,6 +936,14 @@ impl<P: PeerKey> RoundEngine<P> {
             self.result = Some(result);
             return;
         };
+        if self.averages_params() {
+            // The average is the parameters: no optimizer step.
+            self.spare.result = std::mem::replace(&mut params, result);
+            self.params = Some(params);
+            self.end_round(self.now);
+            self.next_work();
+            return;
+        }
         match (&self.settings.policy, &mut self.outer) {
             (RoundPolicy::LocalSgd(_), Some(outer)) => {
                 outer.apply(&result, &mut params);
@@ -882,10 +968,11 @@ impl<P: PeerKey> RoundEngine<P> {
 
     /// The learning-rate schedule's step for the update of this round, in local steps.
     ///
-    /// Butterfly: the round's number times the local steps one round holds per member
-    /// (`target_batch / (batch_size × group)`), so that every member of a round applies
-    /// its update at the same rate, and the replicas stay identical; members' own local
-    /// step counts differ by the steps each took towards each round. Sync-ring: the local
+    /// Butterfly: the gradient rounds before this one (parameter rounds take no step) times
+    /// the local steps one round holds per member (`target_batch / (batch_size × group)`),
+    /// so that every member of a round applies its update at the same rate, and the
+    /// replicas stay identical; members' own local step counts differ by the steps each
+    /// took towards each round. Sync-ring: the local
     /// step, which every member shares.
     fn schedule_step(&self, group: usize) -> u64 {
         match self.settings.policy {
@@ -894,8 +981,8 @@ impl<P: PeerKey> RoundEngine<P> {
                 if per_round == 0 {
                     return self.local_step;
                 }
-                let step =
-                    u128::from(self.round) * u128::from(target_batch) / u128::from(per_round);
+                let step = u128::from(self.gradient_rounds()) * u128::from(target_batch)
+                    / u128::from(per_round);
                 u64::try_from(step).unwrap_or(u64::MAX)
             }
             _ => self.local_step,
@@ -1195,6 +1282,7 @@ impl<P: PeerKey> RoundEngine<P> {
         }
         // Out of `Matching` first, so that the cancelled search applies nothing alone.
         self.phase = Phase::Training;
+        self.put_back_params_taken();
         self.match_input(now, MatchInput::Cancel)?;
         self.maybe_ready(now)
     }
@@ -1232,6 +1320,7 @@ impl<P: PeerKey> RoundEngine<P> {
         if matches!(self.phase, Phase::Matching { .. }) {
             // What was accumulated for this round is not applied.
             self.phase = Phase::Training;
+            self.put_back_params_taken();
             self.match_input(now, MatchInput::Cancel)?;
         }
         self.announce(now);
