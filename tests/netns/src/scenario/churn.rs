@@ -30,6 +30,7 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use super::fault_plot::{self, Series};
+use super::log_window;
 use super::peer_lines::{BackgroundSwarm, PeerLines, SwarmEnd, Waited};
 use super::{Report, ScenarioOptions, write_hosts_file};
 use crate::{Harness, LinkShape, Topology};
@@ -37,6 +38,8 @@ use crate::{Harness, LinkShape, Topology};
 /// The longest a survivor may go without a completed averaging round (with SGP: without a
 /// neighbour's share folded in).
 const MAX_ROUND_GAP_S: f64 = 10.0;
+/// Log lines of a survivor's longest gap that a failure message shows, the first ones.
+const GAP_LOG_LINES: usize = 60;
 /// The most resident memory may grow after the warm-up.
 const MAX_RSS_GROWTH: f64 = 0.10;
 /// How far the final eval loss may be from the churn-free run's.
@@ -130,6 +133,10 @@ pub struct Survivor {
     pub rounds: usize,
     /// The longest time without one, in seconds, from its first round to its end.
     pub longest_gap_s: f64,
+    /// When that gap began and ended, in milliseconds since the Unix epoch.
+    pub longest_gap_ms: Option<(u64, u64)>,
+    /// The first lines of its log in that gap, for a failure message.
+    pub gap_log: Vec<String>,
     /// Its resident memory after the warm-up, and at the end (means over 30 s); `None`
     /// when it did not train past the warm-up or reported no memory.
     pub rss_bytes: Option<(u64, u64)>,
@@ -224,7 +231,18 @@ pub fn run_mode(options: &ScenarioOptions, mode: &'static str) -> anyhow::Result
 
     let (calm, calm_end) = run_one(options, &hosts, &plan, "churn-free")?;
     let (churn, churn_end) = run_one(options, &hosts, &plan, "churn")?;
-    let survivors = survivors(&churn.lines, plan.warm_up);
+    let mut survivors = survivors(&churn.lines, plan.warm_up);
+    for s in &mut survivors {
+        if let Some((from, to)) = s
+            .longest_gap_ms
+            .filter(|_| s.longest_gap_s > MAX_ROUND_GAP_S)
+        {
+            let log = options
+                .out
+                .join(format!("churn/peer-{}/murmur.log", s.peer));
+            s.gap_log = log_window::lines_between(&log, from, to, GAP_LOG_LINES);
+        }
+    }
     let report = ChurnReport {
         long: options.long,
         min_kills: plan.min_kills,
@@ -334,10 +352,13 @@ fn survivors(lines: &[PeerLines], warm_up: Duration) -> Vec<Survivor> {
                 .filter_map(|p| p.rss_bytes)
                 .max()
         });
+        let (longest_gap_s, longest_gap_ms) = longest_gap(l);
         survivors.push(Survivor {
             peer,
             rounds: averaged.len(),
-            longest_gap_s: longest_gap_s(l),
+            longest_gap_s,
+            longest_gap_ms,
+            gap_log: Vec::new(),
             rss_bytes,
             rss_peak_bytes: peak,
             final_eval_loss: l.dones.last().and_then(|d| d.final_eval_loss),
@@ -347,11 +368,11 @@ fn survivors(lines: &[PeerLines], warm_up: Duration) -> Vec<Survivor> {
 }
 
 /// The longest time without a completed averaging round, from the first to the peer's
-/// `done` (or its last line).
-fn longest_gap_s(lines: &PeerLines) -> f64 {
+/// `done` (or its last line), in seconds, and when it began and ended.
+fn longest_gap(lines: &PeerLines) -> (f64, Option<(u64, u64)>) {
     let mut times = lines.averaged_at();
     if times.is_empty() {
-        return f64::INFINITY;
+        return (f64::INFINITY, None);
     }
     let end = lines
         .dones
@@ -359,10 +380,14 @@ fn longest_gap_s(lines: &PeerLines) -> f64 {
         .map(|d| d.at_ms)
         .or_else(|| lines.progress.last().map(|p| p.at_ms));
     times.extend(end);
-    times
-        .windows(2)
-        .map(|w| w[1].saturating_sub(w[0]) as f64 / 1000.0)
-        .fold(0.0, f64::max)
+    let widest = times.windows(2).max_by_key(|w| w[1].saturating_sub(w[0]));
+    match widest {
+        Some(w) => (
+            w[1].saturating_sub(w[0]) as f64 / 1000.0,
+            Some((w[0], w[1])),
+        ),
+        None => (0.0, None),
+    }
 }
 
 /// What a run did. Every peer must finish, but where the run was ended once its survivors
@@ -432,7 +457,10 @@ fn totals(end: &SwarmEnd, run_end: RunEnd, limit: Duration) -> RunTotals {
             .iter()
             .map(|l| l.readies.len().saturating_sub(1))
             .sum(),
-        longest_gap_s: end.lines.first().map_or(f64::INFINITY, longest_gap_s),
+        longest_gap_s: end
+            .lines
+            .first()
+            .map_or(f64::INFINITY, |l| longest_gap(l).0),
     }
 }
 
@@ -511,10 +539,19 @@ impl Report for ChurnReport {
         }
         for s in &self.survivors {
             if s.longest_gap_s > MAX_ROUND_GAP_S {
+                let window = s.longest_gap_ms.map_or(String::new(), |(from, to)| {
+                    format!(
+                        ", from {} to {} UTC",
+                        log_window::utc_stamp(from),
+                        log_window::utc_stamp(to)
+                    )
+                });
                 return Err(format!(
                     "survivor {} went {:.1} s without a completed averaging round (at most \
-                     {MAX_ROUND_GAP_S} s)",
-                    s.peer, s.longest_gap_s
+                     {MAX_ROUND_GAP_S} s){window}; its log then:\n{}",
+                    s.peer,
+                    s.longest_gap_s,
+                    s.gap_log.join("\n")
                 ));
             }
             let (Some(growth), Some((warm, end))) = (s.rss_growth(), s.rss_bytes) else {

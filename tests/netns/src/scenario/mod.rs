@@ -20,6 +20,7 @@ pub mod convergence;
 mod fault_plot;
 mod font;
 mod local_swarm;
+mod log_window;
 pub mod partition;
 mod peer_lines;
 pub mod straggler;
