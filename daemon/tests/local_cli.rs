@@ -211,7 +211,12 @@ fn clipping_sets_a_sign_flipping_peer_aside_and_without_it_the_run_is_wrecked() 
 /// `murmur local --json` with `args`, which must succeed; its summary.
 fn local_summary(args: &[&str]) -> serde_json::Value {
     let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("swarm");
+    local_summary_in(args, &tmp.path().join("swarm"))
+}
+
+/// `murmur local --json` with `args` and its files under `out`, which must succeed; its
+/// summary.
+fn local_summary_in(args: &[&str], out: &std::path::Path) -> serde_json::Value {
     let mut all = args.to_vec();
     all.extend(["--json", "--out", out.to_str().unwrap()]);
     let result = murmur_local(&all);
@@ -447,19 +452,7 @@ fn stop_after_stops_the_peers_at_a_wall_time_with_their_losses() {
 fn rounds_and_summary(args: &[&str], peer: usize) -> (Vec<(u64, String, f64)>, serde_json::Value) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("swarm");
-    let summary = {
-        let mut all = args.to_vec();
-        all.extend(["--json", "--out", out.to_str().unwrap()]);
-        let result = murmur_local(&all);
-        let stdout = String::from_utf8_lossy(&result.stdout);
-        assert!(
-            result.status.success(),
-            "{args:?}: exit {:?}\nstdout: {stdout}\nstderr: {}",
-            result.status,
-            String::from_utf8_lossy(&result.stderr)
-        );
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-    };
+    let summary = local_summary_in(args, &out);
     let lines = std::fs::read_to_string(out.join(format!("peer-{peer}/progress.jsonl")))
         .expect("progress lines");
     let rounds = lines

@@ -48,6 +48,21 @@ fn engine_averaging_params_every(round: u64, every: u64) -> ModeEngine<u32> {
     ModeEngine::new(&mode, &setup, membership, start).expect("an engine")
 }
 
+/// Peers 1 and 2 heartbeat at round `step`, 32 samples gathered each.
+fn hear_two_peers_at(engine: &mut ModeEngine<u32>, step: u64, at: Time) {
+    for peer in [1u32, 2] {
+        let beat = Beat {
+            step,
+            samples_accumulated: 32,
+            samples_per_s: 320.0,
+            ..Beat::EMPTY
+        };
+        engine
+            .handle(at, EngineInput::Member(MemberEvent::Heartbeat(peer, beat)))
+            .unwrap();
+    }
+}
+
 /// Drains the outputs: the work asked for, and whether the engine caught up to `to`.
 fn drain(engine: &mut ModeEngine<u32>, to: u64) -> (Option<Work>, bool) {
     let (mut work, mut caught_up) = (None, false);
@@ -65,20 +80,7 @@ fn drain(engine: &mut ModeEngine<u32>, to: u64) -> (Option<Work>, bool) {
 fn a_peer_a_round_behind_moves_to_the_swarms_round_with_its_first_samples() {
     let mut engine = engine(4);
     let t = |ms: u64| Time::ZERO + Duration::from_millis(ms);
-    for peer in [1u32, 2] {
-        let beat = Beat {
-            step: 5,
-            samples_accumulated: 32,
-            samples_per_s: 320.0,
-            ..Beat::EMPTY
-        };
-        engine
-            .handle(
-                t(10),
-                EngineInput::Member(MemberEvent::Heartbeat(peer, beat)),
-            )
-            .unwrap();
-    }
+    hear_two_peers_at(&mut engine, 5, t(10));
     engine.handle(t(10), EngineInput::Tick).unwrap();
     let (work, caught_up) = drain(&mut engine, 5);
     assert!(
@@ -117,20 +119,7 @@ fn a_peer_behind_at_a_parameter_round_moves_to_the_swarms_round_at_once() {
     // Every second round averages parameters: round 1 is one.
     let mut engine = engine_averaging_params_every(1, 2);
     let t = |ms: u64| Time::ZERO + Duration::from_millis(ms);
-    for peer in [1u32, 2] {
-        let beat = Beat {
-            step: 4,
-            samples_accumulated: 32,
-            samples_per_s: 320.0,
-            ..Beat::EMPTY
-        };
-        engine
-            .handle(
-                t(10),
-                EngineInput::Member(MemberEvent::Heartbeat(peer, beat)),
-            )
-            .unwrap();
-    }
+    hear_two_peers_at(&mut engine, 4, t(10));
     engine.handle(t(10), EngineInput::Tick).unwrap();
     let (_, caught_up) = drain(&mut engine, 4);
     assert!(caught_up, "it moves to the swarm's round 4");
