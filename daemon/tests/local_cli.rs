@@ -473,9 +473,12 @@ fn rounds_and_summary(args: &[&str], peer: usize) -> (Vec<(u64, String, f64)>, s
 /// `averaging.butterfly.average_params_every`: a butterfly pair whose peer 1 steps with
 /// ten times peer 0's learning rate applies the same averaged gradients differently, so
 /// the replicas come apart. With the key at 3 every third round (rounds 2, 5, 8, …)
-/// averages the parameters instead, finding the replicas apart (a drift above 0), and they
-/// end closer than with the key at 0, where no round averages parameters (final eval losses
-/// 0.17 to 0.20 apart against 0.59 in two runs each).
+/// averages the parameters instead, finding the replicas apart (a drift above 0). With the
+/// key at 0 no round does, and peer 0, averaging gradients peer 1 computes ever farther
+/// from its own parameters, trains far worse: final eval losses 2.10 to 2.12 against 1.24
+/// to 1.30 in six runs each. (The two peers' final losses are no measure of how far apart
+/// they ended: 0.17 to 0.30 apart with the key at 3, 0.31 to 0.59 at 0; the last parameter
+/// round comes at a different distance from the end in each run.)
 #[test]
 fn average_params_every_brings_butterfly_replicas_together() {
     let run = [
@@ -490,10 +493,6 @@ fn average_params_every_brings_butterfly_replicas_together() {
         "--set-peer",
         "1:schedule.peak_lr=0.03",
     ];
-    let gap = |s: &serde_json::Value| {
-        let losses = final_losses(s);
-        (losses[0] - losses[1]).abs()
-    };
     let (apart, apart_summary) = rounds_and_summary(
         &[
             &run[..],
@@ -520,10 +519,9 @@ fn average_params_every_brings_butterfly_replicas_together() {
             .all(|(round, _, drift)| round % 3 == 2 && *drift > 0.0),
         "{params:?}"
     );
+    let (with, without) = (final_losses(&synced_summary), final_losses(&apart_summary));
     assert!(
-        gap(&synced_summary) < 0.5 * gap(&apart_summary),
-        "final eval losses {:?} with parameter rounds, {:?} without",
-        final_losses(&synced_summary),
-        final_losses(&apart_summary)
+        with[0] < 0.8 * without[0],
+        "peer 0's final eval loss: {with:?} with parameter rounds, {without:?} without"
     );
 }
