@@ -1,7 +1,7 @@
 //! The daemon's averaging engines in the simulator ([`EngineSwarm`]): every mode trains the
 //! quadratic workload to its optimum, groups form by matchmaking and respect their bounds,
-//! parts are sized by bandwidth, and a crash mid-round leaves the survivors averaging
-//! together.
+//! parts are sized by bandwidth, a crash mid-round leaves the survivors averaging
+//! together, and butterfly's parameter rounds bring replicas that differ back together.
 
 use std::time::Duration;
 
@@ -571,5 +571,76 @@ fn a_member_that_finishes_first_still_sends_all_its_averages() {
     assert!(
         given_up.is_empty(),
         "(seed, peer, round, live reducer given up): {given_up:?}"
+    );
+}
+
+/// Four butterfly peers on pure consensus (each starts from its own parameters, every
+/// gradient is zero, so only parameter rounds can move them), averaging parameters every
+/// `every` rounds.
+fn consensus_swarm(every: u64, codec: CodecSpec) -> EngineSwarm {
+    let mut s = scenario(4, 3);
+    s.workload = Workload::Consensus;
+    let mut butterfly = butterfly_config(16);
+    butterfly.average_params_every = every;
+    let mode = ModeSettings::Butterfly {
+        target_batch: 4 * 32,
+        butterfly,
+    };
+    EngineSwarm::new(&s, config(mode, codec)).unwrap()
+}
+
+/// The spread of the parameters at the start, and after 10 s and every peer's finish.
+fn spread(swarm: &mut EngineSwarm) -> (f64, f64) {
+    let before = swarm.consensus_distance().expect("four peers");
+    run(swarm, 10.0);
+    finish_all(swarm, 4);
+    (before, swarm.consensus_distance().expect("four peers"))
+}
+
+fn parameter_rounds(swarm: &EngineSwarm) -> (usize, usize) {
+    let reports = swarm.round_reports();
+    let params = reports.iter().filter(|(_, r)| r.parameters).count();
+    (params, reports.len())
+}
+
+/// `average_params_every`: averaging gradients alone keeps any difference between two
+/// replicas as it is, so the control, the same swarm with the rounds off, ends as far
+/// apart as it began; with them the replicas meet.
+#[test]
+fn parameter_rounds_bring_differing_replicas_together() {
+    let mut control = consensus_swarm(0, CodecSpec::F32);
+    let (before, after) = spread(&mut control);
+    assert!(before > 0.5, "the peers start apart: {before}");
+    assert!(
+        (after - before).abs() < 1e-6 * before,
+        "averaging zero gradients moves no replica: {before} then {after}"
+    );
+    assert_eq!(parameter_rounds(&control).0, 0);
+
+    let mut synced = consensus_swarm(4, CodecSpec::F32);
+    let (before, after) = spread(&mut synced);
+    assert!(after < 1e-6, "the replicas meet: {before} then {after}");
+    let (params, all) = parameter_rounds(&synced);
+    assert!(all >= 40, "{all} rounds");
+    // One round in four, give or take the rounds running at the end.
+    assert!(
+        params * 4 >= all - 8 && params * 4 <= all + 8,
+        "{params} of {all} rounds averaged parameters"
+    );
+}
+
+#[test]
+fn quantized_parameter_rounds_bring_replicas_together_too() {
+    let int8 = CodecSpec::Int8 { block: 64 };
+    let mut control = consensus_swarm(0, int8);
+    let (before, control_after) = spread(&mut control);
+    assert!((control_after - before).abs() < 1e-6 * before);
+    let mut synced = consensus_swarm(4, int8);
+    let (_, after) = spread(&mut synced);
+    // Every member, the part's reducer too, takes the averages as encoded: the codec's
+    // error moves the consensus, but not the replicas apart.
+    assert!(
+        after < 1e-6,
+        "int8 parameter rounds: spread {before} then {after}"
     );
 }

@@ -672,24 +672,24 @@ impl<P: PeerKey> RoundEngine<P> {
             .push_back(EngineOutput::Send { to, tag, parcel });
     }
 
-    /// Whether this round averages parameters rather than gradients: in butterfly mode,
-    /// the last of every `average_params_every` rounds. Members agree by the round's
-    /// number, and groups form only among members at the same round.
-    fn averages_params(&self) -> bool {
+    /// In butterfly mode with parameter rounds on: the last of every this many rounds
+    /// averages parameters (`average_params_every`).
+    fn params_every(&self) -> Option<u64> {
         let every = self.settings.butterfly.average_params_every;
-        matches!(self.settings.policy, RoundPolicy::Butterfly { .. })
-            && every >= 2
-            && (self.round + 1).is_multiple_of(every)
+        (matches!(self.settings.policy, RoundPolicy::Butterfly { .. }) && every >= 2)
+            .then_some(every)
+    }
+
+    /// Whether this round averages parameters rather than gradients. Members agree by the
+    /// round's number, and groups form only among members at the same round.
+    fn averages_params(&self) -> bool {
+        self.params_every()
+            .is_some_and(|every| (self.round + 1).is_multiple_of(every))
     }
 
     /// Gradient rounds before this one: the rounds the optimizer has stepped in.
     fn gradient_rounds(&self) -> u64 {
-        let every = self.settings.butterfly.average_params_every;
-        if every >= 2 {
-            self.round - self.round / every
-        } else {
-            self.round
-        }
+        self.round - self.params_every().map_or(0, |every| self.round / every)
     }
 
     /// A parameter round's contribution goes back to the spare memory unused (its search
