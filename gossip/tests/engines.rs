@@ -361,11 +361,13 @@ fn a_member_silent_for_three_of_its_steps_is_not_waited_for() {
 
 /// A member killed and started again under the same key before anyone noticed its silence
 /// (`murmur local --churn` restarts a peer 2 s after `kill -9`; on a loaded host the others
-/// may not have judged it quiet by then) heartbeats again, but at round 0: its new process
-/// holds nothing of the round or group the old one was in. Its heartbeats going back in
-/// rounds tell the others so, and nobody waits for it. At 16 restart moments no survivor's
-/// gathering nor round takes 500 ms (before, the restarted member's heartbeats kept it
-/// from being judged quiet, and the rounds it was in ran to the reducer timeout, 1.5 s).
+/// may not have judged it quiet by then) heartbeats again at the round its old process last
+/// announced, as `murmur run` starts a restarted peer at the swarm's round: its new process
+/// holds nothing of the round or group the old one was in. Its heartbeats name a new
+/// incarnation, which tells the others so, and nobody waits for it. At 16 restart moments no
+/// survivor's gathering nor round takes 500 ms. Before, only heartbeats going back in rounds
+/// told of a restart: at the same round the restarted member was still waited for, and 2 of
+/// the 16 rounds ran to the reducer timeout (1.5 s).
 #[test]
 fn a_member_restarted_under_the_same_key_is_not_waited_for_in_the_old_ones_round() {
     assert_no_survivor_held("restart", |at_ms| ChurnEvent::Restart { at_ms, peer: 2 });

@@ -27,6 +27,7 @@ fn body(step: u64) -> HeartbeatBody {
         samples_accumulated: 4096,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     }
 }
 

@@ -34,6 +34,7 @@ fn body(step: u64) -> HeartbeatBody {
         samples_accumulated: 64,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     }
 }
 

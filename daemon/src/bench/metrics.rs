@@ -100,6 +100,7 @@ impl Collection {
                 samples_accumulated: 0,
                 looking_round: 0,
                 looking_until_ms: 0,
+                incarnation: 1,
             },
             learning_rate: 1e-3,
             rate: 0.0,

@@ -28,6 +28,7 @@ fn heartbeat(step: u64) -> HeartbeatBody {
         samples_accumulated: 0,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     }
 }
 

@@ -37,6 +37,9 @@ pub struct Beat {
     pub upload_bytes_per_s: u64,
     /// Set while the peer looks for a group.
     pub looking: Option<Looking>,
+    /// The process that sent the beat, as its heartbeat names it; 0 when unknown, as in a
+    /// peer's own beat, which the network layer stamps when it publishes it.
+    pub incarnation: u64,
 }
 
 impl Beat {
@@ -47,6 +50,7 @@ impl Beat {
         samples_per_s: 0.0,
         upload_bytes_per_s: 0,
         looking: None,
+        incarnation: 0,
     };
 }
 

@@ -295,6 +295,7 @@ impl<P: PeerKey> RoundEngine<P> {
             },
             upload_bytes_per_s: self.upload_offered(),
             looking,
+            incarnation: 0,
         }
     }
 
@@ -1116,24 +1117,29 @@ impl<P: PeerKey> RoundEngine<P> {
         self.maybe_ready(now)
     }
 
-    /// A member whose heartbeat says a lower round than its last one runs a new process:
-    /// killed and started again under the same key before anyone judged it quiet. A live
-    /// process never moves back in rounds (heartbeats from one signer arrive in order; the
-    /// network layer refuses older ones), and the new one holds nothing of the rounds and
-    /// groups the old one was in: nobody waits for it there, or a running round it was in
-    /// runs to the reducer timeout while its new process heartbeats on. It stays a member.
+    /// A member whose heartbeat names another process than its last one
+    /// ([`Beat::incarnation`]), or says a lower round, runs a new process: killed and
+    /// started again under the same key before anyone judged it quiet. A live process keeps
+    /// its incarnation and never moves back in rounds (heartbeats from one signer arrive in
+    /// order; the network layer refuses older ones). The new one holds nothing of the rounds
+    /// and groups the old one was in, even when it resumed at the same round or a later one
+    /// (from a checkpoint, or the swarm's state): nobody waits for it there, or a running
+    /// round it was in runs to the reducer timeout while its new process heartbeats on. It
+    /// stays a member.
     fn restarted(&mut self, now: Time, peer: P, beat: &Beat) -> Result<(), EngineError> {
-        let Some(last) = self.membership.news(&peer).map(|b| b.step) else {
+        let Some(last) = self.membership.news(&peer) else {
             return Ok(());
         };
-        if beat.step >= last {
+        let (from, was) = (last.step, last.incarnation);
+        let new_process = was != 0 && beat.incarnation != 0 && beat.incarnation != was;
+        if !new_process && beat.step >= from {
             return Ok(());
         }
-        tracing::debug!(
+        tracing::info!(
             ?peer,
-            from = last,
+            from,
             to = beat.step,
-            "a member started again: not waited for in its old rounds"
+            "a member started again: not waited for in its old process's rounds"
         );
         self.looked.remove(&peer);
         self.engaged.remove(&peer);

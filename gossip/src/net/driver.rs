@@ -613,6 +613,7 @@ pub fn member_event(clock: &EngineClock, event: NetEvent) -> MemberEvent<PeerId>
                 samples_per_s: body.samples_per_s,
                 upload_bytes_per_s: body.upload_bytes_per_s,
                 looking,
+                incarnation: body.incarnation,
             };
             MemberEvent::Heartbeat(peer, beat)
         }
@@ -646,6 +647,7 @@ pub fn publish_heartbeat(net: &NetHandle, clock: &EngineClock, mode: AveragingMo
         samples_accumulated: beat.samples_accumulated,
         looking_round,
         looking_until_ms,
+        incarnation: net.incarnation(),
     };
     let net = net.clone();
     tokio::spawn(async move {

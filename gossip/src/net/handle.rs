@@ -92,6 +92,8 @@ struct HandleInner {
     bootstrap: Arc<Mutex<Vec<BootstrapDial>>>,
     /// The timestamp of this node's last heartbeat, in wall milliseconds.
     last_heartbeat_ms: AtomicU64,
+    /// What this process's heartbeats name it by: drawn at start, never 0.
+    incarnation: u64,
 }
 
 impl NetHandle {
@@ -116,6 +118,7 @@ impl NetHandle {
                 config,
                 bootstrap,
                 last_heartbeat_ms: AtomicU64::new(0),
+                incarnation: draw_incarnation(),
             }),
         }
     }
@@ -178,6 +181,13 @@ impl NetHandle {
             })
             .unwrap_or_else(|last| last);
         next(last)
+    }
+
+    /// The number this process's heartbeats carry as
+    /// [`HeartbeatBody::incarnation`]: drawn when the node started, so that members tell a
+    /// restarted peer from the process they knew under its key.
+    pub fn incarnation(&self) -> u64 {
+        self.inner.incarnation
     }
 
     /// Signs `body` and gossips it to the swarm. Its timestamp should come from
@@ -345,4 +355,15 @@ pub(crate) fn unix_now() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
+}
+
+/// A fresh incarnation number: random, or the wall clock's nanoseconds where the OS gives
+/// no randomness (two starts of one key are seconds apart); never 0, which means unknown.
+fn draw_incarnation() -> u64 {
+    let drawn = getrandom::u64().unwrap_or_else(|_| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |since| since.as_nanos() as u64)
+    });
+    drawn.max(1)
 }

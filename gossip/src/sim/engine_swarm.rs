@@ -21,7 +21,7 @@ use rand::rngs::Xoshiro256PlusPlus;
 
 use crate::Time;
 use crate::engine::{
-    Engine, EngineEvent, EngineInput, EngineOutput, EngineSetup, MemberEvent, Membership,
+    Beat, Engine, EngineEvent, EngineInput, EngineOutput, EngineSetup, MemberEvent, Membership,
     ModeEngine, ModeSettings, RoundReport, Start, Work, WorkDone,
 };
 use crate::parcel::Parcel;
@@ -99,18 +99,22 @@ struct SimPeer {
     departed: bool,
     crashed: bool,
     /// How many times the peer restarted: the transport's reports, the trainer's answers
-    /// and the timers of an earlier process are not the new one's.
+    /// and the timers of an earlier process are not the new one's. Its heartbeats name it
+    /// (one more, as 0 means unknown), as the network layer stamps a process's own.
     incarnation: u32,
+    /// The round (or step) the peer's last heartbeat said.
+    announced: u64,
 }
 
-/// Peer `id`'s engine as its process starts at `now` with `params`: at round 0, every other
-/// of the `n` peers admitted.
+/// Peer `id`'s engine as its process starts at `now` with `params`, at `round`, every
+/// other of the `n` peers admitted.
 fn fresh_engine(
     config: &EngineSwarmConfig,
     id: u32,
     n: usize,
     now: Time,
     params: Vec<f32>,
+    round: u64,
 ) -> Result<ModeEngine<u32>, SimError> {
     let interval = Duration::from_millis(config.heartbeat_ms.max(1));
     let mut membership = Membership::new(id, interval, now);
@@ -127,7 +131,7 @@ fn fresh_engine(
     let start = Start {
         len: params.len(),
         params: Some(params),
-        round: 0,
+        round,
         local_steps: 0,
     };
     Ok(ModeEngine::new(&config.mode, &setup, membership, start)?)
@@ -180,7 +184,7 @@ impl EngineSwarm {
                 Workload::Consensus => (own, vec![0.0; scenario.vector_len]),
                 Workload::Quadratic { .. } => (shared.clone(), own),
             };
-            let engine = fresh_engine(&config, id, n, Time::ZERO, initial.clone())?;
+            let engine = fresh_engine(&config, id, n, Time::ZERO, initial.clone(), 0)?;
             let slowdown = scenario
                 .compute
                 .stragglers
@@ -200,6 +204,7 @@ impl EngineSwarm {
                 departed: false,
                 crashed: false,
                 incarnation: 0,
+                announced: 0,
             });
         }
         let mut swarm = EngineSwarm {
@@ -507,16 +512,18 @@ impl EngineSwarm {
     }
 
     /// Peer `id`'s process is killed and started again under the same index before anyone
-    /// notices, as `murmur run` restarts under the same key: a fresh engine at round 0 with
-    /// the peer's last parameters, which knows nothing of the rounds and groups the old one
-    /// was in. Parcels in flight to it reach the new one.
+    /// notices, as `murmur run` restarts under the same key: a fresh engine with the peer's
+    /// last parameters, at the round its old process last announced (a restarted round-mode
+    /// peer starts at the swarm's round, which its heartbeats tell), which knows nothing of
+    /// the rounds and groups the old one was in. Parcels in flight to it reach the new one.
     fn restart(&mut self, id: u32) -> Result<(), SimError> {
         let n = self.peers.len();
         let peer = &mut self.peers[id as usize];
         if !peer.alive || peer.departed {
             return Ok(());
         }
-        peer.engine = fresh_engine(&self.config, id, n, self.now, peer.params.clone())?;
+        let round = peer.announced;
+        peer.engine = fresh_engine(&self.config, id, n, self.now, peer.params.clone(), round)?;
         peer.incarnation += 1;
         peer.work = None;
         peer.armed = None;
@@ -557,6 +564,12 @@ impl EngineSwarm {
                 EngineOutput::Send { to, tag, parcel } => self.send(id, to, tag, parcel),
                 EngineOutput::Work(work) => self.compute(id, work),
                 EngineOutput::Heartbeat(beat) => {
+                    let peer = &mut self.peers[id as usize];
+                    peer.announced = beat.step;
+                    let beat = Beat {
+                        incarnation: u64::from(peer.incarnation) + 1,
+                        ..beat
+                    };
                     let delay = Duration::from_secs_f64(self.config.gossip_ms * 1e-3);
                     for other in 0..self.peers.len() as u32 {
                         if other != id && self.peers[other as usize].alive {

@@ -39,6 +39,7 @@ pub fn heartbeat(step: u64, timestamp_ms: u64) -> HeartbeatBody {
         samples_accumulated: 0,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     }
 }
 

@@ -133,7 +133,7 @@ impl std::str::FromStr for AveragingMode {
 ///
 /// Wire form, [`HeartbeatBody::WIRE_LEN`] bytes: `step u64 | timestamp_ms u64 |
 /// samples_per_s f32 | upload_bytes_per_s u64 | download_bytes_per_s u64 | mode u8 |
-/// samples_accumulated u64 | looking_round u64 | looking_until_ms u64`.
+/// samples_accumulated u64 | looking_round u64 | looking_until_ms u64 | incarnation u64`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HeartbeatBody {
     /// The optimizer step the peer is at.
@@ -158,11 +158,15 @@ pub struct HeartbeatBody {
     /// it does not look. Peers order prospective leaders by it (see
     /// `murmur_gossip::butterfly::matchmaking`).
     pub looking_until_ms: u64,
+    /// A number the peer's process drew when it started, the same in all its heartbeats.
+    /// Another number under the same key means another process: the peer was restarted,
+    /// and holds nothing of the rounds its old process was in.
+    pub incarnation: u64,
 }
 
 impl HeartbeatBody {
     /// Size of the encoded body in bytes.
-    pub const WIRE_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8 + 8 + 8;
+    pub const WIRE_LEN: usize = 8 + 8 + 4 + 8 + 8 + 1 + 8 + 8 + 8 + 8;
 
     /// Bytes [`encode_into`](Self::encode_into) writes: always [`Self::WIRE_LEN`].
     pub fn encoded_len(&self) -> usize {
@@ -186,7 +190,8 @@ impl HeartbeatBody {
             w.u8(self.mode.to_byte())?;
             w.u64(self.samples_accumulated)?;
             w.u64(self.looking_round)?;
-            Ok(w.u64(self.looking_until_ms)?)
+            w.u64(self.looking_until_ms)?;
+            Ok(w.u64(self.incarnation)?)
         })
     }
 
@@ -210,6 +215,7 @@ impl HeartbeatBody {
                 samples_accumulated: r.u64("samples_accumulated")?,
                 looking_round: r.u64("looking_round")?,
                 looking_until_ms: r.u64("looking_until_ms")?,
+                incarnation: r.u64("incarnation")?,
             })
         })?;
         body.validate()?;

@@ -98,6 +98,7 @@ fn trailing_bytes_are_rejected() {
         samples_accumulated: 6,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     };
     let bytes = body.to_bytes().expect("valid").to_vec();
     assert_eq!(
@@ -200,6 +201,7 @@ fn non_finite_weights_are_rejected() {
         samples_accumulated: 6,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     };
     assert!(matches!(
         body.to_bytes(),
@@ -330,6 +332,7 @@ fn undefined_enum_values_are_rejected() {
         samples_accumulated: 0,
         looking_round: 0,
         looking_until_ms: 0,
+        incarnation: 1,
     };
     let mut bytes = body.to_bytes().expect("valid");
     bytes[36] = 9;

@@ -70,7 +70,13 @@ fn auth_hello() -> impl Strategy<Value = AuthHello<'static>> {
 
 pub(crate) fn heartbeat_body() -> impl Strategy<Value = HeartbeatBody> {
     (
-        (any::<u64>(), any::<u64>(), weight_f32(), any::<u64>()),
+        (
+            any::<u64>(),
+            any::<u64>(),
+            weight_f32(),
+            any::<u64>(),
+            any::<u64>(),
+        ),
         (
             any::<u64>(),
             prop::sample::select(AveragingMode::ALL.to_vec()),
@@ -81,7 +87,7 @@ pub(crate) fn heartbeat_body() -> impl Strategy<Value = HeartbeatBody> {
     )
         .prop_map(
             |(
-                (step, timestamp_ms, samples_per_s, upload),
+                (step, timestamp_ms, samples_per_s, upload, incarnation),
                 (download, mode, samples, looking_round, looking_until_ms),
             )| {
                 HeartbeatBody {
@@ -94,6 +100,7 @@ pub(crate) fn heartbeat_body() -> impl Strategy<Value = HeartbeatBody> {
                     samples_accumulated: samples,
                     looking_round,
                     looking_until_ms,
+                    incarnation,
                 }
             },
         )
