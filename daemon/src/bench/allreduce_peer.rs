@@ -434,8 +434,11 @@ async fn bench(
                 // Pure averaging, step by step: the next step starts once as many shares
                 // have been folded in as this peer pushed (with every view equal, each
                 // step has exactly one in-neighbour), and `params` is then `z` after them.
+                // A step asked for once this peer finishes is not measured, and waits for
+                // nothing: the others are leaving too, and their last shares may never
+                // come (at 100M elements the hand-offs outlast the step's bound).
                 let until = tokio::time::Instant::now() + SGP_STEP_BOUND;
-                while handle.status().shares_received < steps {
+                while !finishing && handle.status().shares_received < steps {
                     if tokio::time::timeout_at(until, handle.status_changed())
                         .await
                         .is_err()
