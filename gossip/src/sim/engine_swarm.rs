@@ -102,8 +102,6 @@ struct SimPeer {
     /// and the timers of an earlier process are not the new one's. Its heartbeats name it
     /// (one more, as 0 means unknown), as the network layer stamps a process's own.
     incarnation: u32,
-    /// The round (or step) the peer's last heartbeat said.
-    announced: u64,
 }
 
 /// Peer `id`'s engine as its process starts at `now` with `params`, at `round`, every
@@ -204,7 +202,6 @@ impl EngineSwarm {
                 departed: false,
                 crashed: false,
                 incarnation: 0,
-                announced: 0,
             });
         }
         let mut swarm = EngineSwarm {
@@ -513,8 +510,8 @@ impl EngineSwarm {
 
     /// Peer `id`'s process is killed and started again under the same index before anyone
     /// notices, as `murmur run` restarts under the same key: a fresh engine with the peer's
-    /// last parameters, at the round its old process last announced (a restarted round-mode
-    /// peer starts at the swarm's round, which its heartbeats tell), which knows nothing of
+    /// last parameters, at the round its old process announced (a restarted round-mode peer
+    /// starts at the swarm's round, which its heartbeats tell), which knows nothing of
     /// the rounds and groups the old one was in. Parcels in flight to it reach the new one.
     fn restart(&mut self, id: u32) -> Result<(), SimError> {
         let n = self.peers.len();
@@ -522,7 +519,7 @@ impl EngineSwarm {
         if !peer.alive || peer.departed {
             return Ok(());
         }
-        let round = peer.announced;
+        let round = peer.engine.membership().own().step;
         peer.engine = fresh_engine(&self.config, id, n, self.now, peer.params.clone(), round)?;
         peer.incarnation += 1;
         peer.work = None;
@@ -564,10 +561,8 @@ impl EngineSwarm {
                 EngineOutput::Send { to, tag, parcel } => self.send(id, to, tag, parcel),
                 EngineOutput::Work(work) => self.compute(id, work),
                 EngineOutput::Heartbeat(beat) => {
-                    let peer = &mut self.peers[id as usize];
-                    peer.announced = beat.step;
                     let beat = Beat {
-                        incarnation: u64::from(peer.incarnation) + 1,
+                        incarnation: u64::from(self.peers[id as usize].incarnation) + 1,
                         ..beat
                     };
                     let delay = Duration::from_secs_f64(self.config.gossip_ms * 1e-3);
