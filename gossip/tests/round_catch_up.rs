@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use murmur_gossip::Time;
-use murmur_gossip::butterfly::ButterflyConfig;
+use murmur_gossip::butterfly::{ButterflyConfig, RoundBuffers};
 use murmur_gossip::engine::{
     Beat, Engine, EngineEvent, EngineInput, EngineOutput, EngineSetup, MemberEvent, Membership,
     ModeEngine, ModeSettings, Start, Work, WorkDone,
@@ -44,6 +44,7 @@ fn engine_averaging_params_every(round: u64, every: u64) -> ModeEngine<u32> {
         len: LEN,
         round,
         local_steps: 0,
+        round_memory: RoundBuffers::default(),
     };
     ModeEngine::new(&mode, &setup, membership, start).expect("an engine")
 }

@@ -356,16 +356,6 @@ async fn bench(
     let mut membership = Membership::new(me, loaded.averaging.heartbeat_interval, clock.now());
     let mut io = io;
     let mode = mode_of(args, loaded);
-    gather(
-        &mut io,
-        &mut membership,
-        &clock,
-        mode.mode(),
-        args.peers - 1,
-    )
-    .await?;
-    // Only peer 0's address was given: the rest were found through the DHT.
-    emit(json!({"event": "gathered", "after_s": started.elapsed().as_secs_f64()}));
     let Workload { weight, exact } = workload;
     let sgp = args.algo == AveragingMode::Sgp;
     let setup = EngineSetup {
@@ -379,6 +369,19 @@ async fn bench(
         seed: args.index as u64 ^ clock.wall_ms_at_zero,
         max_share_piece: crate::config::frames::share_piece_bytes(loaded.net.max_frame_payload),
     };
+    // Made before the peers meet, as `murmur run` does: the rounds then find their memory
+    // resident.
+    let round_memory = mode.round_memory(args.elements, &setup, args.peers)?;
+    gather(
+        &mut io,
+        &mut membership,
+        &clock,
+        mode.mode(),
+        args.peers - 1,
+    )
+    .await?;
+    // Only peer 0's address was given: the rest were found through the DHT.
+    emit(json!({"event": "gathered", "after_s": started.elapsed().as_secs_f64()}));
     let start = Start {
         // SGP averages the vectors themselves; the round modes average "gradients".
         params: Some(if sgp {
@@ -392,6 +395,7 @@ async fn bench(
         len: args.elements,
         round: 0,
         local_steps: 0,
+        round_memory,
     };
     let engine = ModeEngine::new(&mode, &setup, membership, start)?;
     let net = io.net.clone();

@@ -242,6 +242,27 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         settings,
     };
     let resumed_step = resume(&mut peer, &mut params);
+    let setup = EngineSetup {
+        codec: peer.settings.codec,
+        error_feedback: peer.settings.error_feedback,
+        size_parts_by_bandwidth: true,
+        batch_size: peer.settings.task.data.batch_size as u64,
+        upload_cap: peer.settings.net.max_upload_bytes_per_s,
+        accepts_connections: !peer.settings.net.listen_addrs.is_empty(),
+        wall_ms_at_zero: clock.wall_ms_at_zero,
+        seed: PeerSampling::seed_from_id(&me.to_bytes()) ^ clock.wall_ms_at_zero,
+        max_share_piece: crate::config::frames::share_piece_bytes(
+            peer.settings.net.max_frame_payload,
+        ),
+    };
+    // The round modes' memory is made before this peer meets the swarm: a first round
+    // that faulted in fresh pages would hold the others waiting on it (`RoundBuffers::
+    // resident`). Parts are sized for full groups; a smaller group's grow in its round.
+    let round_memory = peer
+        .settings
+        .mode
+        .round_memory(len, &setup, usize::MAX)
+        .context("cannot allocate the averaging rounds' memory")?;
     let met = meet::meet_the_swarm(
         &mut peer,
         &mut events,
@@ -296,19 +317,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         len,
         round,
         local_steps: peer.counters.step,
-    };
-    let setup = EngineSetup {
-        codec: peer.settings.codec,
-        error_feedback: peer.settings.error_feedback,
-        size_parts_by_bandwidth: true,
-        batch_size: peer.settings.task.data.batch_size as u64,
-        upload_cap: peer.settings.net.max_upload_bytes_per_s,
-        accepts_connections: !peer.settings.net.listen_addrs.is_empty(),
-        wall_ms_at_zero: clock.wall_ms_at_zero,
-        seed: PeerSampling::seed_from_id(&me.to_bytes()) ^ clock.wall_ms_at_zero,
-        max_share_piece: crate::config::frames::share_piece_bytes(
-            peer.settings.net.max_frame_payload,
-        ),
+        round_memory,
     };
     let engine = ModeEngine::new(&peer.settings.mode, &setup, membership, start)
         .context("cannot start the averaging engine")?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use murmur_protocol::codec::CodecSpec;
 pub use murmur_protocol::message::AveragingMode;
 
-use crate::butterfly::ButterflyConfig;
+use crate::butterfly::{ButterflyConfig, Residuals, RoundBuffers};
 use crate::sgp::SgpConfig;
 use crate::{PeerKey, Time};
 
@@ -69,6 +69,39 @@ impl ModeSettings {
             ModeSettings::Sgp(_) | ModeSettings::Solo => None,
         }
     }
+
+    /// The memory this mode's rounds of a `len`-element vector work in, made now
+    /// ([`RoundBuffers::resident`]) for [`Start::round_memory`], with an own part sized
+    /// for groups of `target_group`, or of `peers` when fewer are expected. A ring reduces
+    /// in its contribution's memory, so it is given only error feedback's residuals; SGP
+    /// and `none` form no rounds: empty buffers.
+    pub fn round_memory(
+        &self,
+        len: usize,
+        setup: &EngineSetup,
+        peers: usize,
+    ) -> Result<RoundBuffers, EngineError> {
+        let butterfly = match self {
+            ModeSettings::Sgp(_) | ModeSettings::Solo => return Ok(RoundBuffers::default()),
+            ModeSettings::SyncRing { .. } => {
+                return Ok(RoundBuffers {
+                    feedback: setup.error_feedback.then(|| Residuals::resident(len)),
+                    ..RoundBuffers::default()
+                });
+            }
+            ModeSettings::Butterfly { butterfly, .. }
+            | ModeSettings::LocalSgd { butterfly, .. } => butterfly,
+        };
+        let group = butterfly.target_group.min(peers).max(1);
+        RoundBuffers::resident(
+            len,
+            len.div_ceil(group),
+            butterfly.chunk_elements as usize,
+            setup.codec,
+            setup.error_feedback,
+        )
+        .map_err(|e| EngineError::Butterfly(e.into()))
+    }
 }
 
 /// What every engine is built from besides its mode.
@@ -108,6 +141,10 @@ pub struct Start {
     pub round: u64,
     /// Local steps this peer took before.
     pub local_steps: u64,
+    /// The round modes' memory, made before the peer met the swarm
+    /// ([`RoundBuffers::resident`]); empty buffers are filled as the first round needs
+    /// them. SGP and `none` leave it unused.
+    pub round_memory: RoundBuffers,
 }
 
 /// The engine of whichever mode a peer runs.
@@ -213,7 +250,13 @@ fn round_engine<P: PeerKey>(
         wall_ms_at_zero: setup.wall_ms_at_zero,
         seed: setup.seed,
     };
-    let engine = RoundEngine::new(membership, params, start.round, start.local_steps, settings)?;
+    let engine = RoundEngine::new(
+        membership,
+        params,
+        (start.round, start.local_steps),
+        start.round_memory,
+        settings,
+    )?;
     Ok(ModeEngine::Rounds(Box::new(engine)))
 }
 
@@ -267,6 +310,83 @@ impl<P: PeerKey> Engine<P> for ModeEngine<P> {
     fn set_unreachable(&mut self, unreachable: bool) {
         if let ModeEngine::Rounds(e) = self {
             e.set_unreachable(unreachable);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup(error_feedback: bool) -> EngineSetup {
+        EngineSetup {
+            codec: CodecSpec::Int8 { block: 64 },
+            error_feedback,
+            size_parts_by_bandwidth: true,
+            batch_size: 8,
+            upload_cap: 0,
+            accepts_connections: true,
+            wall_ms_at_zero: 0,
+            seed: 1,
+            max_share_piece: 0,
+        }
+    }
+
+    /// Each mode is given the memory its rounds work in, and no more: a butterfly member
+    /// its result, its part's sums and averages (for a full group, or the peers expected)
+    /// and residuals; a ring member only residuals; SGP and `none` nothing.
+    #[test]
+    fn each_mode_is_given_the_round_memory_it_works_in() {
+        const LEN: usize = 100_000;
+        let butterfly = ButterflyConfig {
+            target_group: 4,
+            chunk_elements: 1024,
+            ..ButterflyConfig::default()
+        };
+        let modes = [
+            ModeSettings::Butterfly {
+                target_batch: 8,
+                butterfly: butterfly.clone(),
+            },
+            ModeSettings::LocalSgd {
+                local: LocalSgdSettings::default(),
+                butterfly: butterfly.clone(),
+            },
+        ];
+        for mode in &modes {
+            let memory = mode
+                .round_memory(LEN, &setup(true), usize::MAX)
+                .expect("made");
+            assert_eq!(memory.result.len(), LEN, "{mode:?}");
+            // A quarter, rounded up to whole chunks.
+            assert_eq!(memory.sum.len(), 25 * 1024, "{mode:?}");
+            assert_eq!(memory.averages.len(), 25 * (1024 + 16 * 4), "{mode:?}");
+            assert!(memory.feedback.is_some() && memory.local.is_empty());
+            let two = mode.round_memory(LEN, &setup(false), 2).expect("made");
+            assert_eq!(two.sum.len(), 49 * 1024, "two peers: half, in whole chunks");
+            assert!(two.feedback.is_none(), "no error feedback, no residuals");
+        }
+        let ring = ModeSettings::SyncRing {
+            timeout: Duration::from_secs(1),
+            butterfly,
+        };
+        let memory = ring.round_memory(LEN, &setup(true), 4).expect("made");
+        let residuals = memory.feedback.as_ref().expect("residuals");
+        assert_eq!(
+            (residuals.parts.len(), residuals.averages.len()),
+            (LEN, LEN)
+        );
+        assert_eq!(
+            (
+                memory.result.capacity(),
+                memory.sum.capacity(),
+                memory.averages.capacity()
+            ),
+            (0, 0, 0)
+        );
+        for mode in [ModeSettings::Sgp(SgpConfig::default()), ModeSettings::Solo] {
+            let memory = mode.round_memory(LEN, &setup(true), 4).expect("made");
+            assert!(memory.feedback.is_none() && memory.result.capacity() == 0);
         }
     }
 }

@@ -201,12 +201,14 @@ pub struct RoundEngine<P> {
 
 impl<P: PeerKey> RoundEngine<P> {
     /// The engine of `membership.me()`, starting from `params` at round `round`, with
-    /// `local_step` local steps taken before (a resumed or joining peer).
+    /// `local_step` local steps taken before (a resumed or joining peer). `memory` is the
+    /// rounds' memory made ahead ([`RoundBuffers::resident`]), or empty buffers to be
+    /// allocated as the first round needs them.
     pub fn new(
         membership: Membership<P>,
         params: Vec<f32>,
-        round: u64,
-        local_step: u64,
+        (round, local_step): (u64, u64),
+        memory: RoundBuffers,
         settings: RoundSettings,
     ) -> Result<RoundEngine<P>, EngineError> {
         let me = membership.me();
@@ -216,10 +218,12 @@ impl<P: PeerKey> RoundEngine<P> {
             RoundPolicy::LocalSgd(local) => Some(OuterStep::new(&params, local)),
             _ => None,
         };
-        let mut spare = RoundBuffers::default();
-        if settings.error_feedback {
-            spare.feedback = Some(Residuals::zeros(len));
-        }
+        let mut spare = memory;
+        spare.feedback = match spare.feedback.take() {
+            Some(residuals) if settings.error_feedback => Some(residuals),
+            _ if settings.error_feedback => Some(Residuals::zeros(len)),
+            _ => None,
+        };
         let mut engine = RoundEngine {
             me,
             rng: Xoshiro256PlusPlus::seed_from_u64(settings.seed),

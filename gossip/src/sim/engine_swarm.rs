@@ -33,7 +33,7 @@ use super::network::Network;
 use super::queue::{EventQueue, Lane};
 use super::report::{RoundRecord, SimReport, SimSummary, Work as Tally};
 use super::scenario::{AlgorithmSpec, ChurnEvent, Scenario, Workload};
-use crate::butterfly::ButterflyConfig;
+use crate::butterfly::{ButterflyConfig, RoundBuffers};
 
 /// How an engine swarm runs besides its scenario.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,6 +131,7 @@ fn fresh_engine(
         params: Some(params),
         round,
         local_steps: 0,
+        round_memory: RoundBuffers::default(),
     };
     Ok(ModeEngine::new(&config.mode, &setup, membership, start)?)
 }
