@@ -3,8 +3,8 @@
 use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 
 /// The memory a [`ButterflyRound`](super::ButterflyRound) works in: the member's
-/// contribution, the vector the result is written into, and the reducer's running sums
-/// and encoded averages.
+/// contribution, which the round averages in place into its result, and the reducer's
+/// running sums and encoded averages.
 ///
 /// A round takes it in [`ButterflyRound::new`](super::ButterflyRound::new) and gives it
 /// back with [`ButterflyRound::into_buffers`](super::ButterflyRound::into_buffers), so that
@@ -13,11 +13,13 @@ use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 /// `Vec<f32>` converts into buffers that hold it as the contribution and nothing else.
 #[derive(Debug, Default)]
 pub struct RoundBuffers {
-    /// The member's contribution. A round reads it and never changes it, so a member whose
-    /// vector stays the same can hand it to the next round as it comes back.
+    /// Handed in: the member's contribution, which the round averages in place (it comes
+    /// back as `result`). Given back: the memory that was handed in as `result`, untouched,
+    /// for the next contribution.
     pub local: Vec<f32>,
-    /// Where the round writes its result: once given back, the averaged vector, with local
-    /// values wherever the round could not average. A round overwrites whatever it holds.
+    /// Given back: the averaged vector (the contribution, with every average written over
+    /// it and local values wherever the round could not average). Handed in: spare memory
+    /// the round does not use and gives back as `local`.
     pub result: Vec<f32>,
     /// The reducer's weighted sums of the part this member reduces.
     pub(crate) sum: Vec<f32>,
@@ -115,9 +117,10 @@ impl RoundBuffers {
     }
 
     /// The memory a member's first round of a `len`-element vector works in (everything
-    /// but the contribution), allocated and written now: the result, the running sums and
-    /// encoded averages of an own part of about `part_len` elements in chunks of
-    /// `chunk_elements`, encoded with `codec`, and, with `error_feedback`, the residuals.
+    /// but the contribution, which is also where the result is written), allocated and
+    /// written now: the running sums and encoded averages of an own part of about
+    /// `part_len` elements in chunks of `chunk_elements`, encoded with `codec`, and, with
+    /// `error_feedback`, the residuals.
     ///
     /// A round finding this memory only overwrites it. Otherwise its first round faults in
     /// fresh pages as it writes them, inside the engine's turns: at 500M elements 13.7 s of
@@ -139,7 +142,7 @@ impl RoundBuffers {
         let averages = part_len.div_ceil(chunk) * stride;
         Ok(RoundBuffers {
             local: Vec::new(),
-            result: resident_zeros(len),
+            result: Vec::new(),
             sum: resident_zeros(part_len),
             averages: resident_zeros(averages),
             feedback: error_feedback.then(|| Residuals::resident(len)),
@@ -278,8 +281,9 @@ mod tests {
         panic!("the exchange did not settle");
     }
 
-    /// A second round on the buffers the first gave back (its result and sums still in
-    /// them) ends with the same bits as a round on fresh memory.
+    /// A second round on the buffers the first gave back (its result, now the next
+    /// contribution's memory, and its sums) ends with the same bits as a round on fresh
+    /// memory.
     #[test]
     fn reused_buffers_give_the_same_bits_as_fresh_ones() {
         let n = 3;
@@ -291,7 +295,8 @@ mod tests {
             .map(|(m, round)| {
                 assert!(round.is_finished(), "member {m}");
                 let mut buffers = round.into_buffers();
-                assert_eq!(buffers.local, local(m, 0), "the contribution is unchanged");
+                assert!(buffers.local.is_empty(), "no spare was handed in");
+                buffers.local = std::mem::take(&mut buffers.result);
                 buffers.local.copy_from_slice(&local(m, 1));
                 buffers
             })
@@ -311,11 +316,12 @@ mod tests {
         }
     }
 
-    /// Where each vector of `buffers` but the contribution lives.
-    fn addresses(buffers: &RoundBuffers) -> [usize; 5] {
+    /// Where each vector of `buffers` lives: the contribution (handed in) or the result
+    /// (given back) first.
+    fn addresses(buffers: &RoundBuffers, vector: &[f32]) -> [usize; 5] {
         let feedback = buffers.feedback.as_ref().expect("error feedback on");
         [
-            buffers.result.as_ptr() as usize,
+            vector.as_ptr() as usize,
             buffers.sum.as_ptr() as usize,
             buffers.averages.as_ptr() as usize,
             feedback.parts.as_ptr() as usize,
@@ -324,8 +330,8 @@ mod tests {
     }
 
     /// Buffers made ahead for the part a member reduces are the memory its round works
-    /// in: the round gives back the same allocations, and ends with the same bits as a
-    /// round on fresh memory.
+    /// in, and the contribution is where the result is written: the round gives back the
+    /// same allocations, and ends with the same bits as a round on fresh memory.
     #[test]
     fn a_round_on_buffers_made_ahead_works_in_them_and_allocates_none_of_its_own() {
         let n = 3;
@@ -337,7 +343,7 @@ mod tests {
                 buffers
             })
             .collect();
-        let places: Vec<[usize; 5]> = ahead.iter().map(addresses).collect();
+        let places: Vec<[usize; 5]> = ahead.iter().map(|b| addresses(b, &b.local)).collect();
         let mut rounds = start(n, ahead);
         let fresh_buffers = (0..n).map(|m| RoundBuffers::with_feedback(local(m, 0)));
         let mut fresh = start(n, fresh_buffers.collect());
@@ -354,7 +360,8 @@ mod tests {
                 same,
                 "member {m}: the buffers made ahead changed the result"
             );
-            let back = addresses(&round.into_buffers());
+            let back = round.into_buffers();
+            let back = addresses(&back, &back.result);
             assert_eq!(back, places[m], "member {m}: a buffer was allocated anew");
         }
     }

@@ -58,6 +58,8 @@ pub(crate) struct Reduction {
     declared: Vec<f32>,
     /// Senders whose declared weight the bound cut, this round.
     weights_capped: u32,
+    /// This member's index, whose row clipping keeps ([`Reduction::begin_with_local`]).
+    own: usize,
 }
 
 impl Reduction {
@@ -111,6 +113,7 @@ impl Reduction {
             weight_cap,
             declared: Vec::with_capacity(members),
             weights_capped: 0,
+            own: 0,
         }
     }
 
@@ -165,11 +168,6 @@ impl Reduction {
         self.pending == 0
     }
 
-    /// Whether `chunk`'s average is written.
-    pub(crate) fn is_final(&self, chunk: usize) -> bool {
-        self.finalized[chunk]
-    }
-
     pub(crate) fn coverage(&self, chunk: usize) -> (u32, f32) {
         (self.contributors[chunk], self.weights[chunk] as f32)
     }
@@ -187,6 +185,7 @@ impl Reduction {
     /// Starts the reduction with this member's own copy of the part, exactly. Comes first:
     /// it sets every sum rather than adding to it.
     pub(crate) fn begin_with_local(&mut self, me: usize, part: &[f32], weight: f32) {
+        self.own = me;
         let declared = weight;
         let (weight, capped) = self.counted_weight(me, declared);
         self.note_weight(me, declared, weight, capped);
@@ -272,40 +271,38 @@ impl Reduction {
             .filter(move |&s| self.senders[s].last_seen + timeout <= now)
     }
 
-    /// Finalises every chunk that no sender still owes, writing the averages into
-    /// `part_out` (the part's slice of the result) and appending chunk indices to `ready`.
-    pub(crate) fn finalize_ready(
-        &mut self,
-        local: &[f32],
-        part_out: &mut [f32],
-        ready: &mut Vec<u32>,
-    ) {
+    /// Finalises every chunk that no sender still owes, writing the averages into `part`
+    /// (the part's slice of this member's vector, which holds its own values until then)
+    /// and appending chunk indices to `ready`; returns the squared distance the averages
+    /// moved the part.
+    pub(crate) fn finalize_ready(&mut self, part: &mut [f32], ready: &mut Vec<u32>) -> f64 {
+        let mut moved = 0.0;
         for chunk in 0..self.finalized.len() {
             if !self.finalized[chunk] && self.owed_by_nobody(chunk) {
-                self.finalize(chunk, local, part_out);
+                moved += self.finalize(chunk, part);
                 ready.push(chunk as u32);
             }
         }
+        moved
     }
 
-    /// Finalises `chunk` if no sender still owes it; returns whether it did.
-    pub(crate) fn try_finalize(
-        &mut self,
-        chunk: usize,
-        local: &[f32],
-        part_out: &mut [f32],
-    ) -> bool {
+    /// Finalises `chunk` if no sender still owes it, in `part` as
+    /// [`Reduction::finalize_ready`] does; returns the squared distance it moved the
+    /// chunk, or `None` if it did not finalise it.
+    pub(crate) fn try_finalize(&mut self, chunk: usize, part: &mut [f32]) -> Option<f64> {
         if self.finalized[chunk] || !self.owed_by_nobody(chunk) {
-            return false;
+            return None;
         }
-        self.finalize(chunk, local, part_out);
-        true
+        Some(self.finalize(chunk, part))
     }
 
-    fn finalize(&mut self, chunk: usize, local: &[f32], part_out: &mut [f32]) {
+    /// Writes `chunk`'s average over this member's own values in `part`; returns the
+    /// squared distance between them.
+    fn finalize(&mut self, chunk: usize, part: &mut [f32]) -> f64 {
         let range = self.layout.local(chunk);
         let total = self.weights[chunk];
-        let out = &mut part_out[range.clone()];
+        let out = &mut part[range.clone()];
+        let mut moved = 0.0;
         match &mut self.clip {
             Some(clip) => {
                 clip.included.clear();
@@ -336,18 +333,24 @@ impl Reduction {
                     &mut clip.scratch,
                     out,
                 ) as u64;
+                // This member's own values are its row among the contributions.
+                let own = &clip.rows[self.own * self.layout.len()..][range];
+                moved = squared_distance(out, own);
             }
             None if total > 0.0 => {
                 let scale = (1.0 / total) as f32;
                 for (o, s) in out.iter_mut().zip(&self.sum[range]) {
-                    *o = s * scale;
+                    let average = s * scale;
+                    moved += f64::from(average - *o).powi(2);
+                    *o = average;
                 }
             }
             // Nothing with weight arrived: the part keeps this member's values.
-            None => out.copy_from_slice(&local[range]),
+            None => {}
         }
         self.finalized[chunk] = true;
         self.pending -= 1;
+        moved
     }
 
     fn waited_on(&self, me: usize) -> impl Iterator<Item = usize> + '_ {
@@ -372,4 +375,12 @@ impl Reduction {
         self.weights[chunk] += f64::from(weight);
         self.senders[sender].delivered += 1;
     }
+}
+
+/// The squared L2 distance between `a` and `b`.
+pub(crate) fn squared_distance(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+        .sum()
 }

@@ -9,7 +9,8 @@ use crate::{PeerKey, Time};
 pub enum PartOutcome {
     /// Every chunk of the part holds its reducer's average.
     Averaged,
-    /// The reducer fell silent: the whole part keeps this member's local values.
+    /// The reducer fell silent: the part's chunks whose average had not come keep this
+    /// member's local values (the averages that came are kept).
     LocalFallback,
     /// The part holds no element.
     Empty,
@@ -24,6 +25,9 @@ pub struct ChunkCoverage {
     pub contributors: u32,
     /// The sum of their weights (samples).
     pub total_weight: f32,
+    /// Whether the chunk kept this member's local values: its reducer fell silent before
+    /// its average came.
+    pub local: bool,
 }
 
 /// The coverage of one part.
@@ -82,8 +86,8 @@ impl<P: PeerKey> CoverageReport<P> {
     pub fn ranges(&self) -> Vec<CoverageRange> {
         let mut merged: Vec<CoverageRange> = Vec::new();
         for part in &self.parts {
-            let local_fallback = part.outcome == PartOutcome::LocalFallback;
             for chunk in &part.chunks {
+                let local_fallback = chunk.local;
                 match merged.last_mut() {
                     Some(last)
                         if last.elements.end == chunk.elements.start

@@ -14,7 +14,7 @@ use super::error::ButterflyError;
 use super::finite::first_non_finite;
 use super::group::{ChunkLayout, Group};
 use super::payload::{EncodedAverages, PayloadPool, PayloadRef};
-use super::reducer::Reduction;
+use super::reducer::{Reduction, squared_distance};
 use super::report::{ChunkCoverage, CoverageReport, PartCoverage, PartOutcome};
 use super::round_io::{RoundInput, RoundOutput, RoundStats};
 
@@ -50,7 +50,8 @@ struct Destination {
 ///
 /// Created when the group begins, with the member's local vector and weight. It streams
 /// the member's copy of every part to that part's reducer, reduces its own part, streams
-/// the averages back, and writes every average it receives into its result. Feed it
+/// the averages back, and writes every average into the member's vector, in place: the
+/// vector it was given becomes its result, and a round holds no second copy of it. Feed it
 /// [`RoundInput`]s with [`ButterflyRound::handle`], drain [`ButterflyRound::poll_output`],
 /// and call `handle(now, RoundInput::Tick)` at [`ButterflyRound::poll_timeout`]. See the
 /// [module docs](super) for the algorithm and its guarantees.
@@ -63,8 +64,16 @@ pub struct ButterflyRound<P> {
     chunk_timeout: Duration,
     reducer_timeout: Duration,
     weight: f32,
+    /// The member's vector: its own values until an average is written over them.
     local: Vec<f32>,
-    result: Vec<f32>,
+    /// Memory handed in as the buffers' `result`, unused, and given back as the next
+    /// round's `local`.
+    spare: Vec<f32>,
+    /// The squared L2 distance the averages moved `local`, so far.
+    moved: f64,
+    /// One chunk of scratch space: an averaged chunk is decoded here before it replaces
+    /// the member's values, so that the distance it moved them is known.
+    decoded: Vec<f32>,
     parts: Vec<Part>,
     received: Vec<bool>,
     coverage: Vec<(u32, f32)>,
@@ -112,7 +121,7 @@ impl<P: PeerKey> ButterflyRound<P> {
     ) -> Result<ButterflyRound<P>, ButterflyError> {
         let RoundBuffers {
             local,
-            mut result,
+            result: spare,
             sum,
             averages,
             feedback,
@@ -188,10 +197,6 @@ impl<P: PeerKey> ButterflyRound<P> {
             own.chunks(),
             codec.max_encoded_len(own.local(0).len()),
         );
-        // No copy of `local`: every element is written before the round finishes (an
-        // average, or local values where a part falls back), and a round given up early
-        // fills in local values where nothing arrived (`into_buffers`).
-        result.resize(local.len(), 0.0);
         let mut round = ButterflyRound {
             me: index,
             codec,
@@ -199,8 +204,10 @@ impl<P: PeerKey> ButterflyRound<P> {
             chunk_timeout: config.chunk_timeout(),
             reducer_timeout: config.reducer_timeout(),
             weight,
-            result,
             local,
+            spare,
+            moved: 0.0,
+            decoded: Vec::with_capacity(chunk),
             parts,
             received: vec![false; first],
             coverage: vec![(0, 0.0); first],
@@ -234,11 +241,19 @@ impl<P: PeerKey> ButterflyRound<P> {
         self.codec.spec()
     }
 
-    /// The result, complete once [`RoundOutput::Finished`] was emitted. Before that, only
-    /// the averages received so far are meaningful; [`ButterflyRound::into_buffers`] gives
-    /// a round not finished back with local values everywhere else.
+    /// The result, complete once [`RoundOutput::Finished`] was emitted: the member's
+    /// vector with every average written over its values, and its own values wherever the
+    /// round could not average. Before that, the averages received so far and local values
+    /// everywhere else.
     pub fn result(&self) -> &[f32] {
-        &self.result
+        &self.local
+    }
+
+    /// The squared L2 distance the averages moved this member's values, so far: with the
+    /// result's norm, how far this member was from its group (consensus drift). Own-part
+    /// chunks count with their exact averages, before any lossy encoding of them.
+    pub fn moved_squared(&self) -> f64 {
+        self.moved
     }
 
     /// Whether the result is complete.
@@ -259,21 +274,21 @@ impl<P: PeerKey> ButterflyRound<P> {
                 .all(|(d, dest)| dest.lost || (dest.in_flight == 0 && !self.has_work(d)))
     }
 
-    /// The local vector and the result, to reuse their memory for the next round.
+    /// The spare memory handed in (see [`ButterflyRound::into_buffers`]) and the result, to
+    /// reuse their memory for the next round.
     pub fn into_vectors(self) -> (Vec<f32>, Vec<f32>) {
         let buffers = self.into_buffers();
         (buffers.local, buffers.result)
     }
 
-    /// The round's memory, for the next round: the local vector unchanged, and the result.
-    /// A round given up before it finished keeps local values wherever no average arrived.
-    pub fn into_buffers(mut self) -> RoundBuffers {
-        if !self.finished {
-            self.keep_local_where_missing();
-        }
+    /// The round's memory, for the next round: the result (the vector the round was given,
+    /// averaged in place; a round given up before it finished keeps local values wherever
+    /// no average arrived), and as `local` whatever memory was handed in as `result`,
+    /// untouched, for the next contribution.
+    pub fn into_buffers(self) -> RoundBuffers {
         RoundBuffers {
-            local: self.local,
-            result: self.result,
+            local: self.spare,
+            result: self.local,
             sum: self.reduction.into_sum(),
             averages: self.averages.into_bytes(),
             feedback: self.feedback.map(|f| f.residuals),
@@ -281,15 +296,13 @@ impl<P: PeerKey> ButterflyRound<P> {
     }
 
     /// Takes the round's vectors out while it goes on sending the averages of its part to
-    /// members that have not had them: the local vector unchanged, the result (local
-    /// values wherever no average arrived, for a round not finished), and the residuals.
+    /// members that have not had them: the result (local values wherever no average
+    /// arrived, for a round not finished), the spare memory as
+    /// [`ButterflyRound::into_buffers`] gives it, and the residuals.
     /// Every average ready is encoded first; the round then takes no more chunks, and
     /// sends only those averages. [`ButterflyRound::into_averages`] gives their memory back
     /// once the round is idle.
     pub fn take_buffers(&mut self) -> RoundBuffers {
-        if !self.finished {
-            self.keep_local_where_missing();
-        }
         for i in 0..self.ready.len() {
             self.encode_average(self.ready[i] as usize);
         }
@@ -305,8 +318,8 @@ impl<P: PeerKey> ButterflyRound<P> {
         self.closed = true;
         self.finished = true;
         RoundBuffers {
-            local: std::mem::take(&mut self.local),
-            result: std::mem::take(&mut self.result),
+            local: std::mem::take(&mut self.spare),
+            result: std::mem::take(&mut self.local),
             sum: std::mem::take(self.reduction.sum_mut()),
             averages: Vec::new(),
             feedback: self.feedback.take().map(|f| f.residuals),
@@ -503,10 +516,8 @@ impl<P: PeerKey> ButterflyRound<P> {
         }
         self.stats.part_chunks_received += 1;
         let own = self.parts[self.me].layout.range.clone();
-        if self
-            .reduction
-            .try_finalize(chunk, &self.local[own.clone()], &mut self.result[own])
-        {
+        if let Some(moved) = self.reduction.try_finalize(chunk, &mut self.local[own]) {
+            self.moved += moved;
             self.ready.push(chunk as u32);
             self.note_own_part_progress();
         }
@@ -551,7 +562,12 @@ impl<P: PeerKey> ButterflyRound<P> {
             return Ok(());
         }
         let range = part.layout.global(chunk);
-        self.codec.decode_into(payload, &mut self.result[range])?;
+        self.decoded.clear();
+        self.decoded.resize(range.len(), 0.0);
+        self.codec.decode_into(payload, &mut self.decoded)?;
+        let values = &mut self.local[range];
+        self.moved += squared_distance(&self.decoded, values);
+        values.copy_from_slice(&self.decoded);
         self.received[slot] = true;
         self.coverage[slot] = (contributors, total_weight);
         self.stats.averaged_chunks_received += 1;
@@ -599,11 +615,9 @@ impl<P: PeerKey> ButterflyRound<P> {
     fn finalize_ready(&mut self) {
         let own = self.parts[self.me].layout.range.clone();
         let before = self.ready.len();
-        self.reduction.finalize_ready(
-            &self.local[own.clone()],
-            &mut self.result[own],
-            &mut self.ready,
-        );
+        self.moved += self
+            .reduction
+            .finalize_ready(&mut self.local[own], &mut self.ready);
         // Encoding at once makes this member's own result what the others will decode.
         if self.group.len() > 1 {
             for i in before..self.ready.len() {
@@ -620,36 +634,14 @@ impl<P: PeerKey> ButterflyRound<P> {
         }
     }
 
-    /// The reducer of part `j` fell silent: the whole part keeps local values.
+    /// The reducer of part `j` fell silent: the part keeps local values where no average
+    /// arrived (no average is taken from it after this).
     fn fall_back(&mut self, j: usize) {
         let part = &mut self.parts[j];
         if j == self.me || part.state != PartState::Pending {
             return;
         }
         part.state = PartState::LocalFallback;
-        let range = part.layout.range.clone();
-        self.result[range.clone()].copy_from_slice(&self.local[range]);
-    }
-
-    /// Copies local values into every chunk of a pending part that holds no average yet:
-    /// the result is written only as averages come, so those chunks hold stale values.
-    fn keep_local_where_missing(&mut self) {
-        for (j, part) in self.parts.iter().enumerate() {
-            if part.state != PartState::Pending {
-                continue;
-            }
-            for chunk in 0..part.layout.chunks() {
-                let arrived = if j == self.me {
-                    self.reduction.is_final(chunk)
-                } else {
-                    self.received[part.first + chunk]
-                };
-                if !arrived {
-                    let range = part.layout.global(chunk);
-                    self.result[range.clone()].copy_from_slice(&self.local[range]);
-                }
-            }
-        }
     }
 
     /// Whether destination `d` still has chunks to be sent.
@@ -749,7 +741,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             return payload;
         }
         let range = self.parts[self.me].layout.global(chunk);
-        let (codec, values) = (&mut self.codec, &self.result[range.clone()]);
+        let (codec, values) = (&mut self.codec, &self.local[range.clone()]);
         let feedback = self
             .feedback
             .as_mut()
@@ -774,7 +766,7 @@ impl<P: PeerKey> ButterflyRound<P> {
         {
             // The bytes were just encoded from a chunk of this length: decoding them
             // cannot fail, and if it did the exact values would stay, as before.
-            let _ = codec.decode_into(bytes, &mut self.result[range]);
+            let _ = codec.decode_into(bytes, &mut self.local[range]);
         }
         payload
     }
@@ -854,8 +846,10 @@ impl<P: PeerKey> ButterflyRound<P> {
                 };
                 let chunks = (0..part.layout.chunks())
                     .map(|c| {
+                        let local =
+                            outcome == PartOutcome::LocalFallback && !self.received[part.first + c];
                         let (contributors, total_weight) = match outcome {
-                            PartOutcome::LocalFallback => (1, self.weight),
+                            _ if local => (1, self.weight),
                             _ if j == self.me => self.reduction.coverage(c),
                             _ => self.coverage[part.first + c],
                         };
@@ -863,6 +857,7 @@ impl<P: PeerKey> ButterflyRound<P> {
                             elements: part.layout.global(c),
                             contributors,
                             total_weight,
+                            local,
                         }
                     })
                     .collect();

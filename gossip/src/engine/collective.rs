@@ -470,7 +470,7 @@ impl<P: PeerKey> Collective<P> {
                 // The machine keeps running on an empty round (it only sends averages that
                 // are already encoded), so swap its buffers out.
                 let buffers = r.take_buffers();
-                let drift = relative_distance(&buffers.local, &buffers.result);
+                let drift = relative_drift(r.moved_squared(), &buffers.result);
                 (buffers, drift)
             }
             Machine::Ring(r) => {
@@ -519,15 +519,10 @@ fn part_chunk<P>(address: ChunkAddress, weight: f32, codec: CodecSpec) -> Parcel
     )
 }
 
-/// `‖a − b‖ / ‖b‖`, or `None` when `b` is zero or the lengths differ.
-pub(crate) fn relative_distance(a: &[f32], b: &[f32]) -> Option<f64> {
-    if a.len() != b.len() {
-        return None;
-    }
-    let (mut diff, mut norm) = (0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        diff += (f64::from(x) - f64::from(y)).powi(2);
-        norm += f64::from(y).powi(2);
-    }
-    (norm > 0.0).then(|| (diff / norm).sqrt())
+/// The consensus drift of a member whose vector its round moved by `moved_squared` (the
+/// squared L2 distance) to `result`: `‖local − result‖ / ‖result‖`, or `None` when the
+/// result is zero.
+pub(crate) fn relative_drift(moved_squared: f64, result: &[f32]) -> Option<f64> {
+    let norm: f64 = result.iter().map(|&y| f64::from(y).powi(2)).sum();
+    (norm > 0.0).then(|| (moved_squared / norm).sqrt())
 }

@@ -398,7 +398,7 @@ impl<P: PeerKey> RoundEngine<P> {
             WorkDone::Applied { params, grad } => {
                 self.check_len(&params)?;
                 self.params = Some(params);
-                self.spare.result = grad;
+                self.keep_spare(grad);
                 self.end_round(now);
             }
         }
@@ -467,9 +467,19 @@ impl<P: PeerKey> RoundEngine<P> {
         grad
     }
 
-    /// A buffer for the trainer's next gradient: the one kept for it, or else the spare a
-    /// round gave back (a round's result is written into the idle gradient buffer, see
-    /// [`RoundEngine::begin_round`]). Its contents are overwritten by the trainer.
+    /// Keeps a whole vector that is free again (a result the trainer applied, parameters
+    /// a parameter round replaced) for the next contribution or gradient, rather than
+    /// allocating one then; a vector that neither needs is dropped.
+    fn keep_spare(&mut self, vector: Vec<f32>) {
+        if self.spare.local.capacity() < self.len {
+            self.spare.local = vector;
+        } else if self.grad.as_ref().is_none_or(|g| g.capacity() < self.len) {
+            self.grad = Some(vector);
+        }
+    }
+
+    /// A buffer for the trainer's next gradient: the one kept for it, or else the spare
+    /// vector ([`RoundEngine::keep_spare`]). Its contents are overwritten by the trainer.
     fn gradient_buffer(&mut self) -> Vec<f32> {
         let mut grad = match self.grad.take() {
             Some(grad) if grad.capacity() >= self.len => grad,
@@ -789,14 +799,8 @@ impl<P: PeerKey> RoundEngine<P> {
                 )?
             }
             _ => {
+                // The round averages the contribution in place: it becomes the result.
                 buffers.local = local;
-                if buffers.result.capacity() < self.len && !self.overlaps() {
-                    // The trainer computes nothing during the round: its idle gradient
-                    // buffer takes the result, rather than a vector more.
-                    if let Some(grad) = self.grad.take_if(|g| g.capacity() >= self.len) {
-                        buffers.result = grad;
-                    }
-                }
                 Collective::butterfly(
                     self.me,
                     group,
@@ -856,7 +860,7 @@ impl<P: PeerKey> RoundEngine<P> {
             self.next_work();
             return Ok(());
         }
-        let mut local = std::mem::take(&mut self.spare.result);
+        let mut local = std::mem::take(&mut self.spare.local);
         self.take_contribution(&mut local);
         self.outputs
             .push_back(EngineOutput::Event(EngineEvent::Alone {
@@ -943,7 +947,8 @@ impl<P: PeerKey> RoundEngine<P> {
         };
         if self.averages_params() {
             // The average is the parameters: no optimizer step.
-            self.spare.result = std::mem::replace(&mut params, result);
+            let old = std::mem::replace(&mut params, result);
+            self.keep_spare(old);
             self.params = Some(params);
             self.end_round(self.now);
             self.next_work();
@@ -953,7 +958,7 @@ impl<P: PeerKey> RoundEngine<P> {
             (RoundPolicy::LocalSgd(_), Some(outer)) => {
                 outer.apply(&result, &mut params);
                 self.params = Some(params);
-                self.spare.result = result;
+                self.keep_spare(result);
                 self.end_round(self.now);
                 self.next_work();
             }
