@@ -44,7 +44,8 @@ pub struct ButterflyConfig {
     /// sender for this long averages the rest of the part without that sender.
     pub chunk_timeout_ms: u64,
     /// Reducer timeout, in milliseconds: a member that has had no averaged chunk from a
-    /// reducer for this long keeps its local values for that reducer's whole part.
+    /// reducer for this long keeps its local values wherever that reducer's averages had
+    /// not come.
     pub reducer_timeout_ms: u64,
     /// CenteredClip at the reducer; `None` averages plainly.
     pub clip: Option<ClipConfig>,

@@ -33,13 +33,13 @@
 //!   deliver keep its contribution, so every element is the weighted mean of exactly the
 //!   contributions that reached its reducer.
 //! - *Reducer timeout.* A member that has had no averaged chunk from a reducer for
-//!   `reducer_timeout` gives up on that reducer's part, and the whole part keeps the
-//!   member's local values, including chunks that had already arrived: a part is either
-//!   averaged or local, never a mix.
+//!   `reducer_timeout` gives up on that reducer's part: the chunks of it that had arrived
+//!   keep their averages, and the rest keep the member's local values. (A round averages
+//!   the member's vector in place, so local values are wherever no average was written.)
 //!
 //! Each member reports what it got ([`CoverageReport`]): per chunk, how many contributions
-//! the values average and their total weight, and which reducers' parts fell back to local
-//! values.
+//! the values average and their total weight, and whether it kept local values; and which
+//! reducers' parts fell back.
 //!
 //! # Robust reducers
 //!

@@ -1237,9 +1237,9 @@ impl<P: PeerKey> RoundEngine<P> {
     }
 
     /// A member of the running round that went quiet ([`Self::gone_quiet`]) is not
-    /// waited for in it (its part keeps local values, its contribution is left out), before
-    /// the membership gives it up: a crashed member costs the round that much, not the
-    /// sender and reducer timeouts. It is still sent its share: a member whose heartbeats
+    /// waited for in it (its part keeps local values where its averages had not come, its
+    /// contribution is left out), before the membership gives it up: a crashed member
+    /// costs the round that much, not the sender and reducer timeouts. It is still sent its share: a member whose heartbeats
     /// are merely late (a busy host, a congested link) finishes the round with the others
     /// instead of waiting out its reducer timeout.
     fn stop_waiting_for_quiet(&mut self, now: Time) -> Result<(), EngineError> {
