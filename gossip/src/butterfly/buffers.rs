@@ -281,6 +281,11 @@ mod tests {
         panic!("the exchange did not settle");
     }
 
+    /// Whether `a` and `b` hold the same bits, element by element.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// A second round on the buffers the first gave back (its result, now the next
     /// contribution's memory, and its sums) ends with the same bits as a round on fresh
     /// memory.
@@ -307,12 +312,10 @@ mod tests {
         exchange(&mut fresh, |_, _, _| true);
         for (m, (a, f)) in again.iter().zip(&fresh).enumerate() {
             assert!(a.is_finished() && f.is_finished(), "member {m}");
-            let same = a
-                .result()
-                .iter()
-                .zip(f.result())
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "member {m}: reused buffers changed the result");
+            assert!(
+                same_bits(a.result(), f.result()),
+                "member {m}: reused buffers changed the result"
+            );
         }
     }
 
@@ -351,13 +354,8 @@ mod tests {
         exchange(&mut fresh, |_, _, _| true);
         for (m, (round, fresh)) in rounds.into_iter().zip(fresh).enumerate() {
             assert!(round.is_finished() && fresh.is_finished(), "member {m}");
-            let same = round
-                .result()
-                .iter()
-                .zip(fresh.result())
-                .all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(
-                same,
+                same_bits(round.result(), fresh.result()),
                 "member {m}: the buffers made ahead changed the result"
             );
             let back = round.into_buffers();

@@ -219,11 +219,10 @@ impl<P: PeerKey> RoundEngine<P> {
             _ => None,
         };
         let mut spare = memory;
-        spare.feedback = match spare.feedback.take() {
-            Some(residuals) if settings.error_feedback => Some(residuals),
-            _ if settings.error_feedback => Some(Residuals::zeros(len)),
-            _ => None,
-        };
+        let made = spare.feedback.take();
+        spare.feedback = settings
+            .error_feedback
+            .then(|| made.unwrap_or_else(|| Residuals::zeros(len)));
         let mut engine = RoundEngine {
             me,
             rng: Xoshiro256PlusPlus::seed_from_u64(settings.seed),
@@ -1239,9 +1238,9 @@ impl<P: PeerKey> RoundEngine<P> {
     /// A member of the running round that went quiet ([`Self::gone_quiet`]) is not
     /// waited for in it (its part keeps local values where its averages had not come, its
     /// contribution is left out), before the membership gives it up: a crashed member
-    /// costs the round that much, not the sender and reducer timeouts. It is still sent its share: a member whose heartbeats
-    /// are merely late (a busy host, a congested link) finishes the round with the others
-    /// instead of waiting out its reducer timeout.
+    /// costs the round that much, not the sender and reducer timeouts. It is still sent its
+    /// share: a member whose heartbeats are merely late (a busy host, a congested link)
+    /// finishes the round with the others instead of waiting out its reducer timeout.
     fn stop_waiting_for_quiet(&mut self, now: Time) -> Result<(), EngineError> {
         let Some(collective) = &self.collective else {
             return Ok(());
