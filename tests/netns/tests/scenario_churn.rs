@@ -1,12 +1,19 @@
-//! Churn soak, short version: six `murmur run` peers training with SGP, and again with
-//! butterfly all-reduce, in network namespaces for about two minutes while `murmur local --churn --churn-every 2-5`
-//! kills one with `kill -9` every 2 to 5 s and restarts it 2 s later, against a churn-free
-//! run of the same steps.
+//! Churn soak, short version: six `murmur run` peers training with SGP and six training
+//! with butterfly all-reduce, each swarm in its own network namespaces, both at once, for
+//! about two minutes while `murmur local --churn --churn-every 2-5` kills one peer of each
+//! with `kill -9` every 2 to 5 s and restarts it 2 s later, against a churn-free run of the
+//! same steps (the two churn-free runs also at once).
 //!
 //! On the survivors (peer 0 is never killed): no 10 s without a completed averaging round,
 //! no hung process, resident memory at most 10% above its level after the warm-up, and the
 //! final eval loss within 5% of the churn-free run's after as long (wall time from peer
 //! 0's start; see `churn`'s docs).
+//!
+//! The two soaks pace their steps (200 ms each) and want about one core each, so running
+//! them side by side halves the wall time; each churn run competes with the other mode's
+//! churn run and each churn-free run with the other's churn-free run, so the pair compared
+//! shares the same load. The suite runs this test with no other beside it
+//! (`.config/nextest.toml`).
 //!
 //! Needs root, iproute2 and the `murmur` binary of the same profile (`cargo build -p
 //! murmur`). `murmur-scenario churn --long` runs the 30-minute version.
@@ -16,24 +23,33 @@ use murmur_netns::scenario::churn;
 mod common;
 
 #[test]
-fn survivors_keep_averaging_without_leaking_through_two_minutes_of_churn() {
-    soak("churn", "sgp");
-}
-
-#[test]
-fn butterfly_survivors_keep_averaging_without_leaking_through_two_minutes_of_churn() {
-    soak("churn-butterfly", "butterfly");
+fn survivors_of_sgp_and_butterfly_keep_averaging_without_leaking_through_two_minutes_of_churn() {
+    let soaks = [("churn", "sgp"), ("churn-butterfly", "butterfly")]
+        .map(|(name, mode)| std::thread::spawn(move || soak(name, mode)));
+    let failures: Vec<String> = soaks
+        .into_iter()
+        .filter_map(|soak| soak.join().err())
+        .map(|panic| {
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "a soak panicked".to_owned())
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
 /// One soak in `mode`, its output under `name`; the bounds are checked by the scenario.
 fn soak(name: &str, mode: &'static str) {
     let options = common::options(name);
     let out = &options.out;
-    let report = churn::run_mode(&options, mode).unwrap_or_else(|error| panic!("{error:#}"));
+    let report =
+        churn::run_mode(&options, mode).unwrap_or_else(|error| panic!("{mode}: {error:#}"));
     let json = common::passing_json(&report, &options);
     assert!(
         report.survivors.iter().any(|s| s.peer == 0),
-        "peer 0 is never killed, so it survives: {json}"
+        "{mode}: peer 0 is never killed, so it survives: {json}"
     );
     assert!(out.join("churn-rss.png").is_file());
     let _ = std::fs::remove_dir_all(out);
