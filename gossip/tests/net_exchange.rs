@@ -86,17 +86,25 @@ fn parcels(peer: PeerId, other: PeerId) -> Vec<Parcel> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parcels_arrive_whole_in_order_and_are_reported() {
+/// Peers `a` and `b` (keys from `seed` and `seed + 1`), connected and authorized to each
+/// other; `b`'s inbound side.
+async fn authorized_pair(seed: u8) -> (NetHandle, NetHandle, NetInbound) {
     let authority = Authority::new();
-    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
-    let (b, b_in) = authority.spawn(2, InviteKind::Valid).await;
+    let (a, _a_in) = authority.spawn(seed, InviteKind::Valid).await;
+    let (b, b_in) = authority.spawn(seed + 1, InviteKind::Valid).await;
     connect(&a, &b).await;
     let b_id = b.local_peer_id();
     eventually(WAIT, "a and b authorize each other", || async {
         a.peers().await.unwrap_or_default().contains(&b_id)
     })
     .await;
+    (a, b, b_in)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parcels_arrive_whole_in_order_and_are_reported() {
+    let (a, b, b_in) = authorized_pair(1).await;
+    let b_id = b.local_peer_id();
 
     let mut mailbox = Mailbox::spawn(b_in.tensor_streams, MailboxConfig::default());
     let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
@@ -160,15 +168,8 @@ fn chunk_of(chunk: u32, bytes: usize) -> Parcel {
 async fn the_queue_holds_at_most_its_byte_budget_of_payloads() {
     const BUDGET: usize = 1 << 20;
     const CHUNK: usize = 256 << 10;
-    let authority = Authority::new();
-    let (a, _a_in) = authority.spawn(60, InviteKind::Valid).await;
-    let (b, b_in) = authority.spawn(61, InviteKind::Valid).await;
-    connect(&a, &b).await;
+    let (a, b, b_in) = authorized_pair(60).await;
     let b_id = b.local_peer_id();
-    eventually(WAIT, "a and b authorize each other", || async {
-        a.peers().await.unwrap_or_default().contains(&b_id)
-    })
-    .await;
     let config = MailboxConfig {
         queued_bytes: BUDGET,
         pooled_bytes: 2 * CHUNK,
