@@ -86,17 +86,25 @@ fn parcels(peer: PeerId, other: PeerId) -> Vec<Parcel> {
     ]
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parcels_arrive_whole_in_order_and_are_reported() {
+/// Peers `a` and `b` (keys from `seed` and `seed + 1`), connected and authorized to each
+/// other; `b`'s inbound side.
+async fn authorized_pair(seed: u8) -> (NetHandle, NetHandle, NetInbound) {
     let authority = Authority::new();
-    let (a, _a_in) = authority.spawn(1, InviteKind::Valid).await;
-    let (b, b_in) = authority.spawn(2, InviteKind::Valid).await;
+    let (a, _a_in) = authority.spawn(seed, InviteKind::Valid).await;
+    let (b, b_in) = authority.spawn(seed + 1, InviteKind::Valid).await;
     connect(&a, &b).await;
     let b_id = b.local_peer_id();
     eventually(WAIT, "a and b authorize each other", || async {
         a.peers().await.unwrap_or_default().contains(&b_id)
     })
     .await;
+    (a, b, b_in)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parcels_arrive_whole_in_order_and_are_reported() {
+    let (a, b, b_in) = authorized_pair(1).await;
+    let b_id = b.local_peer_id();
 
     let mut mailbox = Mailbox::spawn(b_in.tensor_streams, MailboxConfig::default());
     let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
@@ -131,6 +139,70 @@ async fn parcels_arrive_whole_in_order_and_are_reported() {
         mailbox.pool().idle() > 0,
         "payload buffers went back to the pool"
     );
+}
+
+/// A part chunk of `bytes` payload bytes, numbered `chunk`.
+fn chunk_of(chunk: u32, bytes: usize) -> Parcel {
+    Parcel::PartChunk(
+        TensorPartChunk {
+            address: ChunkAddress {
+                group_id: 1,
+                part: 0,
+                chunk,
+                offset: 0,
+                elements: u32::try_from(bytes / 4).unwrap(),
+            },
+            weight: 1.0,
+            codec: CodecSpec::F32,
+            payload: &[],
+        },
+        vec![chunk as u8; bytes],
+    )
+}
+
+/// A consumer that takes nothing leaves at most `queued_bytes` of payload in the queue,
+/// however many parcels have arrived (the count alone allows 256); a parcel larger than
+/// the whole budget still gets through once the queue is empty, and the idle buffers kept
+/// stay within `pooled_bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_holds_at_most_its_byte_budget_of_payloads() {
+    const BUDGET: usize = 1 << 20;
+    const CHUNK: usize = 256 << 10;
+    let (a, b, b_in) = authorized_pair(60).await;
+    let b_id = b.local_peer_id();
+    let config = MailboxConfig {
+        queued_bytes: BUDGET,
+        pooled_bytes: 2 * CHUNK,
+        ..MailboxConfig::default()
+    };
+    let mut mailbox = Mailbox::spawn(b_in.tensor_streams, config);
+    let mut outbox = Outbox::new(a.clone(), OutboxConfig::default());
+    let mut sent: Vec<Parcel> = (0..12).map(|i| chunk_of(i, CHUNK)).collect();
+    sent.push(chunk_of(12, 2 * BUDGET));
+    for (tag, parcel) in sent.iter().enumerate() {
+        outbox
+            .send(b_id, tag as u64, parcel.clone())
+            .expect("room in the queue");
+    }
+    eventually(WAIT, "the queue fills to its budget", || async {
+        mailbox.queued_bytes() == BUDGET
+    })
+    .await;
+    // The readers have the rest in hand, and had time to queue it were there room.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(mailbox.queued_bytes(), BUDGET);
+    for (i, expected) in sent.iter().enumerate() {
+        let delivery = tokio::time::timeout(WAIT, mailbox.recv())
+            .await
+            .expect("a parcel arrives in time")
+            .expect("the mailbox is open");
+        assert_eq!(&delivery.parcel, expected, "parcel {i}");
+        assert!(mailbox.queued_bytes() <= BUDGET);
+        mailbox.recycle(delivery.parcel.into_payload());
+    }
+    assert_eq!(mailbox.queued_bytes(), 0);
+    assert!(mailbox.pool().idle_bytes() <= 2 * CHUNK);
+    assert!(mailbox.pool().idle() > 0, "buffers went back to the pool");
 }
 
 /// Peer `a` (keys from `seed`) and the id of a peer that connected to it, was authorized

@@ -230,6 +230,26 @@ impl Peer {
         self.progress.progress(&self.counters);
     }
 
+    /// Notes one SGP share's fate as a round of a group of two: delivered or not.
+    fn record_share(&mut self, to: PeerId, delivered: bool, took: Duration) {
+        let summary = RoundSummary {
+            mode: self.settings.mode(),
+            outcome: if delivered {
+                RoundOutcome::Complete
+            } else {
+                RoundOutcome::Failed
+            },
+            duration: took,
+            coverage: if delivered { 1.0 } else { 0.0 },
+            group_size: 2,
+            out_peer: Some(to),
+            stragglers_dropped: 0,
+            parts_timed_out: 0,
+        };
+        self.metrics.averaging.record_round(&summary);
+        self.board.record_round(&summary);
+    }
+
     /// Notes what the averaging engine reported, in the metrics, `/status`, the progress
     /// lines and the log.
     pub(crate) fn record_event(&mut self, event: EngineEvent<PeerId>) {
@@ -262,22 +282,11 @@ impl Peer {
                 delivered,
                 took,
             } => {
-                let summary = RoundSummary {
-                    mode: self.settings.mode(),
-                    outcome: if delivered {
-                        RoundOutcome::Complete
-                    } else {
-                        RoundOutcome::Failed
-                    },
-                    duration: took,
-                    coverage: if delivered { 1.0 } else { 0.0 },
-                    group_size: 2,
-                    out_peer: Some(to),
-                    stragglers_dropped: 0,
-                    parts_timed_out: 0,
-                };
-                self.metrics.averaging.record_round(&summary);
-                self.board.record_round(&summary);
+                if !delivered {
+                    // Its mass came back from the payload the transport gave back.
+                    tracing::info!(peer = %to, "a share the transport could not write, taken back");
+                }
+                self.record_share(to, delivered, took);
             }
             EngineEvent::Refusal { peer, fate } => {
                 let refusal = match fate {
@@ -307,11 +316,7 @@ impl Peer {
                 self.metrics.network.set_connected_peers(remaining);
                 if self.settings.mode() == AveragingMode::Sgp {
                     // What was in flight to it is lost, as a share to a crashed peer is.
-                    self.record_event(EngineEvent::Share {
-                        to: peer,
-                        delivered: false,
-                        took: Duration::ZERO,
-                    });
+                    self.record_share(peer, false, Duration::ZERO);
                 }
             }
             EngineEvent::Drift(drift) => {
