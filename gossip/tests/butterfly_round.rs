@@ -405,6 +405,17 @@ fn a_quiet_member_is_still_served_after_the_others_took_their_vectors() {
     for e in report.parts[2].elements.clone() {
         assert!((f64::from(rounds[2].result()[e]) - expected(3, e)).abs() < 1e-5);
     }
+    // The others' parts hold their averages of members 0 and 1, sent after they took
+    // their vectors out.
+    for m in 0..2 {
+        for e in report.parts[m].elements.clone() {
+            let mean = (f64::from(local(0)[e]) + 2.0 * f64::from(local(1)[e])) / 3.0;
+            assert!(
+                (f64::from(rounds[2].result()[e]) - mean).abs() < 1e-5,
+                "part {m} element {e}"
+            );
+        }
+    }
     assert!(rounds.iter().all(ButterflyRound::is_idle));
 }
 

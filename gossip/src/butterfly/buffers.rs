@@ -139,7 +139,13 @@ impl RoundBuffers {
         let chunk = chunk_elements.max(1);
         let part_len = part_len.next_multiple_of(chunk).min(len);
         let stride = codec.max_encoded_len(chunk.min(part_len));
-        let averages = part_len.div_ceil(chunk) * stride;
+        // Unclipped `f32` averages are sent from the sums (`ButterflyRound`'s
+        // `averages_in_sum`); a clipping round grows this memory in its round.
+        let averages = if codec.spec() == CodecSpec::F32 && cfg!(target_endian = "little") {
+            0
+        } else {
+            part_len.div_ceil(chunk) * stride
+        };
         Ok(RoundBuffers {
             local: Vec::new(),
             result: Vec::new(),
@@ -192,6 +198,14 @@ mod tests {
     }
 
     fn start(n: usize, buffers: Vec<RoundBuffers>) -> Vec<ButterflyRound<u32>> {
+        start_with(CODEC, n, buffers)
+    }
+
+    fn start_with(
+        codec: CodecSpec,
+        n: usize,
+        buffers: Vec<RoundBuffers>,
+    ) -> Vec<ButterflyRound<u32>> {
         let partition = Partition::equal(LEN, n, 64).expect("valid partition");
         let group = Group::new(1, 7, (0..n as u32).collect(), partition).expect("valid group");
         buffers
@@ -203,7 +217,7 @@ mod tests {
                     group.clone(),
                     b,
                     (i + 1) as f32,
-                    CODEC,
+                    codec,
                     &config(),
                     Time::ZERO,
                 );
@@ -215,6 +229,14 @@ mod tests {
     /// Delivers outputs until nothing moves, dropping those `deliver(from, to, averaged)`
     /// refuses.
     fn exchange(rounds: &mut [ButterflyRound<u32>], deliver: impl Fn(usize, usize, bool) -> bool) {
+        exchange_with(CODEC, rounds, deliver);
+    }
+
+    fn exchange_with(
+        codec: CodecSpec,
+        rounds: &mut [ButterflyRound<u32>],
+        deliver: impl Fn(usize, usize, bool) -> bool,
+    ) {
         // Every chunk moves once; the bound only stops a runaway loop.
         for _ in 0..10_000 {
             let mut wires = Vec::new();
@@ -263,7 +285,7 @@ mod tests {
                         address,
                         contributors,
                         total_weight: weight,
-                        codec: CODEC,
+                        codec,
                         payload: &payload,
                     }
                 } else {
@@ -271,7 +293,7 @@ mod tests {
                         from,
                         address,
                         weight,
-                        codec: CODEC,
+                        codec,
                         payload: &payload,
                     }
                 };
@@ -361,6 +383,55 @@ mod tests {
             let back = round.into_buffers();
             let back = addresses(&back, &back.result);
             assert_eq!(back, places[m], "member {m}: a buffer was allocated anew");
+        }
+    }
+
+    /// With `f32` a member sends its part's averages from its sums, where they are kept
+    /// exactly as they are written into its result: no memory for encoded averages is made
+    /// ahead or in the round, the sums' memory is the one made ahead, and every member ends
+    /// with the same bits, those of the weighted mean.
+    #[test]
+    fn f32_averages_go_out_from_the_sums_and_take_no_memory_of_their_own() {
+        let n = 3;
+        let ahead: Vec<RoundBuffers> = (0..n)
+            .map(|m| {
+                let mut buffers =
+                    RoundBuffers::resident(LEN, LEN.div_ceil(n), 128, CodecSpec::F32, false)
+                        .expect("a codec");
+                assert_eq!(buffers.averages.capacity(), 0, "made ahead");
+                buffers.local = local(m, 0);
+                buffers
+            })
+            .collect();
+        let sums: Vec<usize> = ahead.iter().map(|b| b.sum.as_ptr() as usize).collect();
+        let mut rounds = start_with(CodecSpec::F32, n, ahead);
+        exchange_with(CodecSpec::F32, &mut rounds, |_, _, _| true);
+        let weights: f32 = (1..=n).map(|w| w as f32).sum();
+        for e in 0..LEN {
+            let mean: f64 = (0..n)
+                .map(|m| f64::from(local(m, 0)[e]) * (m + 1) as f64)
+                .sum::<f64>()
+                / f64::from(weights);
+            for (m, round) in rounds.iter().enumerate() {
+                assert!(
+                    (f64::from(round.result()[e]) - mean).abs() < 1e-5,
+                    "member {m} element {e}"
+                );
+                assert_eq!(
+                    round.result()[e].to_bits(),
+                    rounds[0].result()[e].to_bits(),
+                    "member {m} element {e}: the replicas differ"
+                );
+            }
+        }
+        for (m, round) in rounds.into_iter().enumerate() {
+            let back = round.into_buffers();
+            assert_eq!(back.averages.capacity(), 0, "member {m}: made in the round");
+            assert_eq!(
+                back.sum.as_ptr() as usize,
+                sums[m],
+                "member {m}: sums moved"
+            );
         }
     }
 

@@ -34,6 +34,10 @@ impl PayloadRef {
 /// They stay for the whole round (every chunk has its own place), so a reference to one
 /// never goes stale, and their memory passes from round to round in
 /// [`RoundBuffers`](super::RoundBuffers).
+///
+/// Averages kept elsewhere ([`EncodedAverages::elsewhere`]) take no memory here: only
+/// their lengths are recorded ([`EncodedAverages::mark`]), and the round reads their bytes
+/// from where they are.
 #[derive(Debug, Default)]
 pub(crate) struct EncodedAverages {
     bytes: Vec<u8>,
@@ -53,6 +57,29 @@ impl EncodedAverages {
             stride,
             lens: vec![None; chunks],
         }
+    }
+
+    /// The lengths of `chunks` encodings whose bytes are kept elsewhere; `bytes` is kept
+    /// unused, for a later round.
+    pub(crate) fn elsewhere(bytes: Vec<u8>, chunks: usize) -> EncodedAverages {
+        EncodedAverages {
+            bytes,
+            stride: 0,
+            lens: vec![None; chunks],
+        }
+    }
+
+    /// Records that chunk `chunk`'s encoding, kept elsewhere, is `len` bytes long.
+    pub(crate) fn mark(&mut self, chunk: usize, len: usize) -> PayloadRef {
+        self.lens[chunk] = Some(len);
+        PayloadRef(Key::Average {
+            chunk: chunk as u32,
+        })
+    }
+
+    /// Chunk `chunk`'s encoded length, if it was encoded.
+    pub(crate) fn len_of(&self, chunk: usize) -> Option<usize> {
+        self.lens.get(chunk).copied().flatten()
     }
 
     /// The reference to chunk `chunk`'s encoding, made with `encode` (which writes into the

@@ -48,6 +48,9 @@ pub(crate) struct Reduction {
     pending: usize,
     senders: Vec<Sender>,
     sum: Vec<f32>,
+    /// A final chunk's sums are replaced by its averages, to be sent from there
+    /// ([`Reduction::keeping_averages`]).
+    averages_in_sum: bool,
     clip: Option<ClipBuffers>,
     /// Each member's weight as it counts: what it declared on its first chunk, bounded.
     counted: Vec<Option<f32>>,
@@ -92,6 +95,7 @@ impl Reduction {
         }
         Reduction {
             sum,
+            averages_in_sum: false,
             delivered: vec![0; chunks * words],
             contributors: vec![0; chunks],
             weights: vec![0.0; chunks],
@@ -115,6 +119,20 @@ impl Reduction {
             weights_capped: 0,
             own: 0,
         }
+    }
+
+    /// Has each final chunk's sums replaced by its averages, exactly as they are written
+    /// into the member's part, so that they can be sent from the sums' memory
+    /// ([`Reduction::averages`]); without clipping only (clipping keeps no sums). Returns
+    /// whether it does.
+    pub(crate) fn keeping_averages(&mut self) -> bool {
+        self.averages_in_sum = self.clip.is_none();
+        self.averages_in_sum
+    }
+
+    /// The averages of final chunk `chunk`, when [`Reduction::keeping_averages`] holds.
+    pub(crate) fn averages(&self, chunk: usize) -> &[f32] {
+        &self.sum[self.layout.local(chunk)]
     }
 
     /// Senders whose declared weight was cut to the bound this round.
@@ -339,14 +357,22 @@ impl Reduction {
             }
             None if total > 0.0 => {
                 let scale = (1.0 / total) as f32;
-                for (o, s) in out.iter_mut().zip(&self.sum[range]) {
-                    let average = s * scale;
+                let keep = self.averages_in_sum;
+                for (o, s) in out.iter_mut().zip(&mut self.sum[range]) {
+                    let average = *s * scale;
                     moved += f64::from(average - *o).powi(2);
                     *o = average;
+                    if keep {
+                        *s = average;
+                    }
                 }
             }
             // Nothing with weight arrived: the part keeps this member's values.
-            None => {}
+            None => {
+                if self.averages_in_sum {
+                    self.sum[range].copy_from_slice(out);
+                }
+            }
         }
         self.finalized[chunk] = true;
         self.pending -= 1;

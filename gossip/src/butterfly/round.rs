@@ -85,6 +85,11 @@ pub struct ButterflyRound<P> {
     owed: Vec<VecDeque<(usize, PayloadRef)>>,
     pool: PayloadPool,
     averages: EncodedAverages,
+    /// The own part's averages are sent from the reducer's sums, where they are kept as
+    /// they are written into `local`: with `f32` their encoding is their bytes, so the
+    /// round holds no second copy of them, and the sums' memory stays with the round until
+    /// it is spent ([`ButterflyRound::into_send_memory`]).
+    averages_in_sum: bool,
     outputs: VecDeque<RoundOutput<P>>,
     finished: bool,
     dropped_senders: Vec<P>,
@@ -192,11 +197,19 @@ impl<P: PeerKey> ButterflyRound<P> {
         );
         let own = &parts[index].layout;
         reduction.begin_with_local(index, &local[own.range.clone()], weight);
-        let averages = EncodedAverages::new(
-            averages,
-            own.chunks(),
-            codec.max_encoded_len(own.local(0).len()),
-        );
+        // `f32`'s encoding is the values' little-endian bytes.
+        let averages_in_sum = codec.spec() == CodecSpec::F32
+            && cfg!(target_endian = "little")
+            && reduction.keeping_averages();
+        let averages = if averages_in_sum {
+            EncodedAverages::elsewhere(averages, own.chunks())
+        } else {
+            EncodedAverages::new(
+                averages,
+                own.chunks(),
+                codec.max_encoded_len(own.local(0).len()),
+            )
+        };
         let mut round = ButterflyRound {
             me: index,
             codec,
@@ -217,6 +230,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             owed: (0..group.len()).map(|_| VecDeque::new()).collect(),
             pool: PayloadPool::default(),
             averages,
+            averages_in_sum,
             outputs: VecDeque::new(),
             finished: false,
             dropped_senders: Vec::new(),
@@ -300,8 +314,8 @@ impl<P: PeerKey> ButterflyRound<P> {
     /// arrived, for a round not finished), the spare memory as
     /// [`ButterflyRound::into_buffers`] gives it, and the residuals.
     /// Every average ready is encoded first; the round then takes no more chunks, and
-    /// sends only those averages. [`ButterflyRound::into_averages`] gives their memory back
-    /// once the round is idle.
+    /// sends only those averages. [`ButterflyRound::into_send_memory`] gives their memory
+    /// back once the round is idle.
     pub fn take_buffers(&mut self) -> RoundBuffers {
         for i in 0..self.ready.len() {
             self.encode_average(self.ready[i] as usize);
@@ -320,15 +334,26 @@ impl<P: PeerKey> ButterflyRound<P> {
         RoundBuffers {
             local: std::mem::take(&mut self.spare),
             result: std::mem::take(&mut self.local),
-            sum: std::mem::take(self.reduction.sum_mut()),
+            // Averages still to be sent may be in the sums.
+            sum: if self.averages_in_sum {
+                Vec::new()
+            } else {
+                std::mem::take(self.reduction.sum_mut())
+            },
             averages: Vec::new(),
             feedback: self.feedback.take().map(|f| f.residuals),
         }
     }
 
-    /// The memory of the encoded averages, once a round whose buffers were taken is idle.
-    pub fn into_averages(self) -> Vec<u8> {
-        self.averages.into_bytes()
+    /// The memory the round sent its averages from, once a round whose buffers were taken
+    /// is idle: the encoded averages', and the sums' when the averages were sent from there.
+    pub fn into_send_memory(self) -> (Vec<u8>, Vec<f32>) {
+        let sum = if self.averages_in_sum {
+            self.reduction.into_sum()
+        } else {
+            Vec::new()
+        };
+        (self.averages.into_bytes(), sum)
     }
 
     /// Round counters.
@@ -344,6 +369,11 @@ impl<P: PeerKey> ButterflyRound<P> {
     /// The bytes of a payload named by a send output, until it is reported sent.
     pub fn payload(&self, payload: PayloadRef) -> Option<&[u8]> {
         match payload.average_chunk() {
+            Some(chunk) if self.averages_in_sum => {
+                let len = self.averages.len_of(chunk)?;
+                let values = self.reduction.averages(chunk);
+                Some(&as_le_bytes(values)[..len])
+            }
             Some(chunk) => self.averages.get(chunk),
             None => self.pool.get(payload),
         }
@@ -403,7 +433,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             RoundInput::Sent { to, payload } => {
                 // An average stays for the whole round, shared by every destination.
                 let current = match payload.average_chunk() {
-                    Some(chunk) => self.averages.get(chunk).is_some(),
+                    Some(chunk) => self.averages.len_of(chunk).is_some(),
                     None => self.pool.release(payload),
                 };
                 if current && let Some(d) = self.group.index_of(to) {
@@ -455,7 +485,7 @@ impl<P: PeerKey> ButterflyRound<P> {
         match input {
             RoundInput::Sent { to, payload } => {
                 let current = match payload.average_chunk() {
-                    Some(chunk) => self.averages.get(chunk).is_some(),
+                    Some(chunk) => self.averages.len_of(chunk).is_some(),
                     None => self.pool.release(payload),
                 };
                 if current && let Some(d) = self.group.index_of(to) {
@@ -740,6 +770,17 @@ impl<P: PeerKey> ButterflyRound<P> {
         if let Some(payload) = self.averages.encoded(chunk) {
             return payload;
         }
+        if self.averages_in_sum {
+            // Their bytes are their encoding; one that is not finite goes out empty, as
+            // `f32`'s encoder would refuse it (see `encode`).
+            let values = self.reduction.averages(chunk);
+            let len = if first_non_finite(values).is_none() {
+                std::mem::size_of_val(values)
+            } else {
+                0
+            };
+            return self.averages.mark(chunk, len);
+        }
         let range = self.parts[self.me].layout.global(chunk);
         let (codec, values) = (&mut self.codec, &self.local[range.clone()]);
         let feedback = self
@@ -910,4 +951,10 @@ fn bad(address: ChunkAddress, reason: &'static str) -> ButterflyError {
         chunk: address.chunk,
         reason,
     }
+}
+
+/// `values` as the bytes of `f32`'s encoding: each value's little-endian bytes (the round
+/// sends from here only on a little-endian host).
+fn as_le_bytes(values: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(values)
 }

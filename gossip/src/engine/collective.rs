@@ -447,11 +447,12 @@ impl<P: PeerKey> Collective<P> {
         }
     }
 
-    /// The memory of a spent butterfly round's encoded averages, for the next round.
-    pub(crate) fn into_averages(self) -> Vec<u8> {
+    /// The memory a spent butterfly round sent its averages from (encoded averages, and
+    /// sums), for the next round.
+    pub(crate) fn into_send_memory(self) -> (Vec<u8>, Vec<f32>) {
         match self.machine {
-            Machine::Butterfly(r) => r.into_averages(),
-            Machine::Ring(_) => Vec::new(),
+            Machine::Butterfly(r) => r.into_send_memory(),
+            Machine::Ring(_) => (Vec::new(), Vec::new()),
         }
     }
 

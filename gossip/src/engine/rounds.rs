@@ -918,9 +918,12 @@ impl<P: PeerKey> RoundEngine<P> {
             if self.draining[i].is_spent() {
                 let done = self.draining.swap_remove(i);
                 let group = done.group_id();
-                let averages = done.into_averages();
+                let (averages, sum) = done.into_send_memory();
                 if self.spare.averages.capacity() < averages.capacity() {
                     self.spare.averages = averages;
+                }
+                if self.spare.sum.capacity() < sum.capacity() {
+                    self.spare.sum = sum;
                 }
                 let outputs = &mut self.outputs;
                 let spares = &mut self.spares;
