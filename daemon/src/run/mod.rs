@@ -489,7 +489,8 @@ async fn join_from_swarm(
         max_tensors: 64,
     };
     let net = peer.net.clone();
-    let download = state_sync::download(&net, &servers, &limits, &snapshot_limits);
+    let dir = peer.settings.checkpoint_dir.clone();
+    let download = state_sync::download(&net, &servers, &dir, &limits, &snapshot_limits);
     let mut snapshot = match meet::keep_in_touch(peer, events, membership, clock, download).await {
         Ok(snapshot) => snapshot,
         Err(e) => {

@@ -15,11 +15,15 @@
 //! the current one, so that a refresh in the middle of a download does not break it; a
 //! download that fails part way resumes from the bytes it already has against the next
 //! server, or starts over from that server's snapshot when it no longer holds the same one.
+//! The joiner writes the ranges into an unnamed file beside the served snapshots and
+//! decodes the state from there once its digest checks out, so it never holds the encoded
+//! state and the decoded one in memory at once.
 //! The download is bounded by progress, not in total: every range must come within the
 //! network's request timeout, so a large state on a slow link takes as long as it needs
 //! while a stalled server is given up on. A peer that serves state keeps training: the
 //! serving task only reads the shared snapshot cell.
 
+use std::io::Seek as _;
 use std::os::unix::fs::FileExt as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -32,7 +36,7 @@ use murmur_protocol::frame::{Frame, FrameLimits};
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{Message, Reject, RejectCode, StateSyncRequest, StateSyncResponse};
 use murmur_protocol::snapshot::{SNAPSHOT_HEADER_LEN, Snapshot, SnapshotLimits};
-use murmur_protocol::snapshot_file::SnapshotView;
+use murmur_protocol::snapshot_file::{SnapshotView, read_snapshot};
 use tokio::sync::mpsc;
 
 /// Payload bytes per response: a control frame holds at most 64 KiB.
@@ -220,29 +224,31 @@ fn answer(request: &InboundControl, cell: &StateCell, limits: &FrameLimits) -> A
 }
 
 /// Downloads a snapshot from one of `servers` (tried in order; a failure resumes from
-/// the bytes already fetched with the next), verifies it and decodes it.
+/// the bytes already fetched with the next) into an unnamed file in `dir`, verifies it and
+/// decodes it from there.
 pub(crate) async fn download(
     net: &NetHandle,
     servers: &[PeerId],
+    dir: &std::path::Path,
     limits: &FrameLimits,
     snapshot_limits: &SnapshotLimits,
 ) -> anyhow::Result<Snapshot> {
     let started = std::time::Instant::now();
-    let mut partial = Partial::default();
+    let mut partial = Partial::in_dir(dir)?;
     let mut last_error = None;
     for server in servers {
         let mut result = fetch(net, server, limits, &mut partial).await;
         if let Err(Fetch::OtherSnapshot) = result {
-            tracing::info!(%server, kept = partial.bytes.len(), "this peer serves another snapshot; starting over from it");
-            partial = Partial::default();
+            tracing::info!(%server, kept = partial.len, "this peer serves another snapshot; starting over from it");
+            partial.restart()?;
             result = fetch(net, server, limits, &mut partial).await;
         }
         match result {
             Ok(()) => {
-                let snapshot = Snapshot::decode(&partial.bytes, snapshot_limits)
-                    .context("the downloaded state does not decode")?;
+                let bytes = partial.len;
+                let snapshot = partial.decode(*snapshot_limits).await?;
                 let took_s = started.elapsed().as_secs_f64();
-                tracing::info!(%server, bytes = partial.bytes.len(), took_s, "state downloaded");
+                tracing::info!(%server, bytes, took_s, "state downloaded");
                 return Ok(snapshot);
             }
             Err(e) => {
@@ -255,12 +261,77 @@ pub(crate) async fn download(
     Err(last_error.unwrap_or_else(|| anyhow::anyhow!("no peer to download the state from")))
 }
 
-/// The bytes of one snapshot fetched so far, and its digest once a server named it.
-#[derive(Debug, Default)]
+/// The bytes of one snapshot fetched so far, in an unnamed file (gone once closed), and
+/// its digest once a server named it.
+#[derive(Debug)]
 struct Partial {
-    bytes: Vec<u8>,
+    file: std::fs::File,
+    /// Bytes fetched, from the start of the snapshot.
+    len: u64,
     digest: [u8; 32],
     total: Option<u64>,
+}
+
+impl Partial {
+    /// Nothing fetched yet, into a file made in `dir` (made if missing).
+    fn in_dir(dir: &std::path::Path) -> anyhow::Result<Partial> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot make the folder {}", dir.display()))?;
+        let file = tempfile::tempfile_in(dir).with_context(|| {
+            format!(
+                "cannot make a file for the downloaded state in {}",
+                dir.display()
+            )
+        })?;
+        Ok(Partial {
+            file,
+            len: 0,
+            digest: [0; 32],
+            total: None,
+        })
+    }
+
+    /// Forgets what was fetched, to fetch another snapshot.
+    fn restart(&mut self) -> anyhow::Result<()> {
+        self.file
+            .set_len(0)
+            .context("cannot empty the file of the downloaded state")?;
+        self.len = 0;
+        self.digest = [0; 32];
+        self.total = None;
+        Ok(())
+    }
+
+    /// Appends a range's bytes.
+    fn append(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        self.file
+            .write_all_at(bytes, self.len)
+            .context("cannot write the downloaded state to its file")?;
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// The digest the whole snapshot's header names.
+    fn header_digest(&self) -> anyhow::Result<[u8; 32]> {
+        let mut header = [0u8; SNAPSHOT_HEADER_LEN];
+        self.file
+            .read_exact_at(&mut header, 0)
+            .context("cannot read the downloaded state's header back")?;
+        Snapshot::digest_of(&header).context("the snapshot header")
+    }
+
+    /// Checks the whole snapshot against its digest and decodes it from the file, on a
+    /// thread of its own (seconds for a large state, while heartbeats go on).
+    async fn decode(self, limits: SnapshotLimits) -> anyhow::Result<Snapshot> {
+        let mut file = self.file;
+        tokio::task::spawn_blocking(move || {
+            file.rewind()?;
+            Ok(read_snapshot(&mut file, &limits)?)
+        })
+        .await
+        .context("the state's decoding stopped")?
+        .map_err(|e: anyhow::Error| e.context("the downloaded state does not decode"))
+    }
 }
 
 /// Why fetching from one server stopped.
@@ -282,13 +353,13 @@ async fn fetch(
     limits: &FrameLimits,
     partial: &mut Partial,
 ) -> Result<(), Fetch> {
-    let first = request(net, server, partial.bytes.len() as u64, partial.digest).await?;
+    let first = request(net, server, partial.len, partial.digest).await?;
     if take(&first, limits, partial)? {
         return Ok(());
     }
     let total = partial.total.unwrap_or(0);
     let digest = partial.digest;
-    let offsets = (partial.bytes.len() as u64..total).step_by(RANGE_BYTES as usize);
+    let offsets = (partial.len..total).step_by(RANGE_BYTES as usize);
     let mut ranges = futures::stream::iter(offsets)
         .map(|offset| request(net, server, offset, digest))
         .buffered(WINDOW);
@@ -338,25 +409,25 @@ fn take(frame: &ControlFrame, limits: &FrameLimits, partial: &mut Partial) -> Re
         );
     }
     partial.total = Some(r.total_len);
-    if r.offset != partial.bytes.len() as u64 {
+    if r.offset != partial.len {
         return Err(anyhow::anyhow!("the server answered a range that was not asked for").into());
     }
-    partial.bytes.extend_from_slice(r.payload);
+    partial.append(r.payload)?;
     if !r.last {
         if r.payload.is_empty() {
             return Err(anyhow::anyhow!("the server sent an empty range before the end").into());
         }
         return Ok(false);
     }
-    if partial.bytes.len() as u64 != r.total_len {
+    if partial.len != r.total_len {
         return Err(anyhow::anyhow!(
             "the snapshot ended at {} of {} bytes",
-            partial.bytes.len(),
+            partial.len,
             r.total_len
         )
         .into());
     }
-    let got = Snapshot::digest_of(&partial.bytes).context("the snapshot header")?;
+    let got = partial.header_digest()?;
     if got != partial.digest {
         return Err(
             anyhow::anyhow!("the snapshot's digest does not match the one announced").into(),
@@ -437,6 +508,93 @@ mod tests {
                 .expect("reads");
             assert_eq!(got, want, "range {at}");
         }
+    }
+
+    /// Feeds `encoded` to `partial` in ranges, as servers answer them, with one byte of the
+    /// body flipped when `corrupt`; whether the last range made it whole.
+    fn fetch_ranges(encoded: &[u8], partial: &mut Partial, corrupt: bool) -> bool {
+        let digest = Snapshot::digest_of(encoded).expect("a digest");
+        let limits = FrameLimits::default();
+        let mut whole = false;
+        for (at, range) in encoded.chunks(RANGE_BYTES as usize).enumerate() {
+            let mut payload = range.to_vec();
+            if corrupt && at == 1 {
+                payload[7] ^= 1;
+            }
+            let offset = (at * RANGE_BYTES as usize) as u64;
+            let message = Message::StateSyncResponse(StateSyncResponse {
+                offset,
+                total_len: encoded.len() as u64,
+                digest,
+                last: offset as usize + range.len() == encoded.len(),
+                payload: &payload,
+            });
+            let frame = ControlFrame::encode(&message).expect("a frame");
+            whole = take(&frame, &limits, partial).expect("a range taken");
+        }
+        whole
+    }
+
+    fn decode(partial: Partial) -> anyhow::Result<Snapshot> {
+        let limits = SnapshotLimits {
+            max_raw_len: 1 << 30,
+            max_tensors: 4,
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+            .block_on(partial.decode(limits))
+    }
+
+    /// A download goes to a file as it comes: taking 48 MB of state in ranges raises
+    /// resident memory by less than an eighth of that (the ranges kept in memory, as
+    /// before, raised it by all of them), and the state decoded from the file is the one
+    /// served, bit for bit.
+    #[test]
+    fn a_download_is_written_to_a_file_and_decoded_from_there() {
+        use rand::{RngExt as _, SeedableRng as _};
+        let dir = tempfile::tempdir().expect("a folder");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        let params: Vec<f32> = (0..12 << 20).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let encoded = view_of(&params).encode(LEVEL).expect("encodes");
+        let mut partial = Partial::in_dir(&dir.path().join("checkpoints")).expect("a file");
+        let resident = || own_status_bytes("VmRSS:").expect("/proc/self/status has VmRSS");
+        let before = resident();
+        assert!(fetch_ranges(&encoded, &mut partial, false), "whole");
+        let grew = resident().saturating_sub(before);
+        assert!(
+            grew < encoded.len() as u64 / 8,
+            "taking the ranges raised resident memory by {grew} bytes, for {} of state",
+            encoded.len()
+        );
+        let snapshot = decode(partial).expect("decodes");
+        let tensor = &snapshot.tensors[0];
+        assert_eq!((tensor.name.as_str(), snapshot.step), ("params", 3));
+        assert!(
+            tensor
+                .data
+                .iter()
+                .zip(&params)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+                && tensor.data.len() == params.len()
+        );
+    }
+
+    /// A range that came corrupted fails the digest when the file is decoded: no state is
+    /// taken from it.
+    #[test]
+    fn a_corrupted_download_does_not_decode() {
+        let dir = tempfile::tempdir().expect("a folder");
+        let params: Vec<f32> = (0..100_000).map(|i| (i as f32 * 0.37).sin()).collect();
+        let encoded = view_of(&params).encode(LEVEL).expect("encodes");
+        assert!(
+            encoded.len() > 2 * RANGE_BYTES as usize,
+            "more than two ranges"
+        );
+        let mut partial = Partial::in_dir(dir.path()).expect("a file");
+        assert!(fetch_ranges(&encoded, &mut partial, true), "whole");
+        let error = decode(partial).expect_err("a corrupted state");
+        assert!(format!("{error:#}").contains("digest"), "{error:#}");
     }
 
     #[test]
