@@ -40,6 +40,11 @@ fn main() -> ExitCode {
             "murmur: warning: the allocator refused a fixed mmap threshold; freed buffers may stay resident"
         );
     }
+    if !allocator::share_one_arena() {
+        eprintln!(
+            "murmur: warning: the allocator refused to keep one arena; freed buffers may stay resident in each thread's"
+        );
+    }
     let cli = cli::Cli::parse();
     if matches!(cli.command, cli::Command::Run(_)) {
         set_sigpipe(libc::SIG_IGN);
