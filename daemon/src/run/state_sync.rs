@@ -246,9 +246,11 @@ pub(crate) async fn download(
         match result {
             Ok(()) => {
                 let bytes = partial.len;
+                let decoding = Instant::now();
                 let snapshot = partial.decode(*snapshot_limits).await?;
+                let decode_s = decoding.elapsed().as_secs_f64();
                 let took_s = started.elapsed().as_secs_f64();
-                tracing::info!(%server, bytes, took_s, "state downloaded");
+                tracing::info!(%server, bytes, took_s, decode_s, "state downloaded");
                 return Ok(snapshot);
             }
             Err(e) => {
