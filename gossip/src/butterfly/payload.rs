@@ -109,11 +109,15 @@ impl EncodedAverages {
         })
     }
 
-    /// Chunk `chunk`'s encoding, if it was made.
+    /// Chunk `chunk`'s encoding, if it was made here (`None` for one kept elsewhere: no
+    /// room is reserved for those, `stride` 0).
     pub(crate) fn get(&self, chunk: usize) -> Option<&[u8]> {
         let len = (*self.lens.get(chunk)?)?;
+        if self.stride == 0 {
+            return None;
+        }
         let start = chunk * self.stride;
-        Some(&self.bytes[start..start + len])
+        self.bytes.get(start..start + len)
     }
 
     /// The memory, for the next round.
