@@ -110,15 +110,7 @@ impl StateCell {
     }
 
     fn replace(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<()> {
-        let dir = self.dir.as_path();
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot make the folder {}", dir.display()))?;
-        let mut file = tempfile::tempfile_in(dir).with_context(|| {
-            format!(
-                "cannot make a file for the state snapshot in {}",
-                dir.display()
-            )
-        })?;
+        let mut file = unnamed_file_in(&self.dir, "the state snapshot")?;
         let len = snapshot
             .write_to(&mut file, LEVEL)
             .context("cannot write the state snapshot")?;
@@ -144,6 +136,15 @@ impl StateCell {
             .find(|s| any || s.digest == *digest)
             .cloned()
     }
+}
+
+/// A file without a name in `dir` (made if missing), gone once closed; `what` it holds
+/// names it in an error.
+fn unnamed_file_in(dir: &std::path::Path, what: &str) -> anyhow::Result<std::fs::File> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot make the folder {}", dir.display()))?;
+    tempfile::tempfile_in(dir)
+        .with_context(|| format!("cannot make a file for {what} in {}", dir.display()))
 }
 
 /// Answers state-sync requests until the network stops. Anything else on the control
@@ -277,16 +278,8 @@ struct Partial {
 impl Partial {
     /// Nothing fetched yet, into a file made in `dir` (made if missing).
     fn in_dir(dir: &std::path::Path) -> anyhow::Result<Partial> {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot make the folder {}", dir.display()))?;
-        let file = tempfile::tempfile_in(dir).with_context(|| {
-            format!(
-                "cannot make a file for the downloaded state in {}",
-                dir.display()
-            )
-        })?;
         Ok(Partial {
-            file,
+            file: unnamed_file_in(dir, "the downloaded state")?,
             len: 0,
             digest: [0; 32],
             total: None,
