@@ -120,6 +120,26 @@ pub(crate) enum BenchCommand {
     /// Writing a checkpoint of a model's parameters and AdamW state against a plain write
     /// and fsync of as many bytes, in the same run, and the peak resident memory it adds.
     Checkpoint(CheckpointBenchArgs),
+    /// A joiner's download of a served state against one tensor stream carrying as many
+    /// bytes between the same two network stacks, in the same run.
+    StateSync(StateSyncBenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StateSyncBenchArgs {
+    /// MiB of parameters in the served state (values zstd cannot shrink).
+    #[arg(long, default_value_t = 512)]
+    pub(crate) mib: u64,
+    /// Downloads and transfers each; medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) rounds: u32,
+    /// The folder the served and downloaded states are written in; a fresh temporary
+    /// folder in it is removed at the end.
+    #[arg(long, default_value = ".")]
+    pub(crate) dir: std::path::PathBuf,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

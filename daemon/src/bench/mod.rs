@@ -8,6 +8,7 @@ mod metrics;
 mod quality;
 mod quality_plot;
 mod quality_scenarios;
+mod state_sync;
 mod stream;
 mod timing;
 mod train;
@@ -24,5 +25,6 @@ pub(crate) fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Train(args) => train::run(&args),
         BenchCommand::Quality(args) => quality::run(&args),
         BenchCommand::Checkpoint(args) => checkpoint::run(&args),
+        BenchCommand::StateSync(args) => state_sync::run(&args),
     }
 }

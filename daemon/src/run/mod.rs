@@ -14,7 +14,7 @@ mod meet;
 mod peer;
 mod progress;
 mod settings;
-mod state_sync;
+pub(crate) mod state_sync;
 mod train;
 mod worker;
 
@@ -492,7 +492,7 @@ async fn join_from_swarm(
     let dir = peer.settings.checkpoint_dir.clone();
     let download = state_sync::download(&net, &servers, &dir, &limits, &snapshot_limits);
     let mut snapshot = match meet::keep_in_touch(peer, events, membership, clock, download).await {
-        Ok(snapshot) => snapshot,
+        Ok(downloaded) => downloaded.snapshot,
         Err(e) => {
             tracing::warn!(
                 error = crate::error_text::describe(&e),

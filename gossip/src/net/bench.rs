@@ -161,16 +161,31 @@ pub async fn stream_throughput(config: &StreamBenchConfig) -> Result<StreamThrou
     Ok(result)
 }
 
-/// Two authorized murmur network stacks on loopback.
-struct Libp2pPair {
-    sender: super::NetHandle,
-    receiver: super::NetHandle,
-    receiver_id: murmur_protocol::identity::PeerId,
+/// Two authorized murmur network stacks on loopback: the sender dialed the receiver.
+pub struct Libp2pPair {
+    /// The side that opens tensor streams.
+    pub sender: super::NetHandle,
+    /// The side that reads them.
+    pub receiver: super::NetHandle,
+    /// The receiver's peer id.
+    pub receiver_id: murmur_protocol::identity::PeerId,
     inbound: tokio::sync::Mutex<super::NetInbound>,
+    /// The sender's control requests (its tensor streams go unread).
+    sender_control: Option<tokio::sync::mpsc::Receiver<super::InboundControl>>,
+}
+
+impl std::fmt::Debug for Libp2pPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Libp2pPair")
+            .field("receiver_id", &self.receiver_id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Libp2pPair {
-    async fn start() -> Result<Libp2pPair, BenchError> {
+    /// Starts both stacks, each with an invite from a throwaway authority, and connects
+    /// them; each has verified the other's invite when this returns.
+    pub async fn start() -> Result<Libp2pPair, BenchError> {
         let authority = Keypair::from_seed(random_seed()?);
         let swarm = SwarmId::new("murmur-bench").map_err(|e| BenchError::Config(e.to_string()))?;
         let config_for = |identity: &NetIdentity| -> Result<NetConfig, BenchError> {
@@ -197,19 +212,32 @@ impl Libp2pPair {
         let sender_config = config_for(&sender_id)?;
         let receiver_config = config_for(&receiver_id)?;
         let (receiver, inbound) = super::spawn(&receiver_config, receiver_id).await?;
-        let (sender, _sender_inbound) = super::spawn(&sender_config, sender_id).await?;
+        let (sender, sender_inbound) = super::spawn(&sender_config, sender_id).await?;
         for addr in receiver.listen_addrs().await? {
             sender.dial(addr).await?;
         }
+        // Each side has verified the other's invite, and knows the other did.
+        sender.wait_ready(&peer).await?;
+        receiver.wait_ready(&sender.local_peer_id()).await?;
         Ok(Libp2pPair {
             sender,
             receiver,
             receiver_id: peer,
             inbound: tokio::sync::Mutex::new(inbound),
+            sender_control: Some(sender_inbound.control_requests),
         })
     }
 
-    async fn transfer(
+    /// The control requests the sender receives, once.
+    pub fn take_sender_control(
+        &mut self,
+    ) -> Option<tokio::sync::mpsc::Receiver<super::InboundControl>> {
+        self.sender_control.take()
+    }
+
+    /// Moves `chunks` frames of `config.chunk_bytes` from the sender to the receiver over
+    /// one tensor stream; the time from the first byte written to the last byte read.
+    pub async fn transfer(
         &self,
         chunks: u64,
         config: &StreamBenchConfig,

@@ -2,7 +2,9 @@
 //!
 //! Requests and responses are whole frames ([`murmur_protocol::frame`]): the 12-byte header
 //! is read and checked against the control [`FrameLimits`] before a byte of payload is
-//! reserved, so a peer cannot make us buffer more than the limit. The frame is kept as bytes
+//! reserved, so a peer cannot make us buffer more than the limit. Responses may be larger,
+//! up to a state-sync range of 1 MiB: they answer only this peer's own requests, so what
+//! they can make it buffer is bounded by the requests it has in flight. The frame is kept as bytes
 //! here; the network task decodes the message it holds.
 //!
 //! The reads here await network input without a timeout of their own: request-response
@@ -15,7 +17,7 @@ use futures::prelude::*;
 use libp2p::StreamProtocol;
 use libp2p::request_response;
 use murmur_protocol::frame::{FrameFlags, FrameHeader, FrameLimits, HEADER_LEN};
-use murmur_protocol::message::Message;
+use murmur_protocol::message::{Message, state_sync_response_limits};
 
 use super::error::NetError;
 
@@ -48,21 +50,28 @@ impl ControlFrame {
 /// Reads and writes [`ControlFrame`]s within a payload limit.
 #[derive(Debug, Clone)]
 pub(crate) struct ControlCodec {
+    /// What requests are read within.
     limits: FrameLimits,
+    /// What responses are read within: the same, raised to fit a state-sync range (see
+    /// [`state_sync_response_limits`]).
+    response_limits: FrameLimits,
 }
 
 impl ControlCodec {
     pub(crate) fn new(limits: FrameLimits) -> ControlCodec {
-        ControlCodec { limits }
+        ControlCodec {
+            limits,
+            response_limits: state_sync_response_limits(limits),
+        }
     }
 
-    async fn read_frame<T>(&self, io: &mut T) -> io::Result<ControlFrame>
+    async fn read_frame<T>(limits: &FrameLimits, io: &mut T) -> io::Result<ControlFrame>
     where
         T: AsyncRead + Unpin + Send,
     {
         let mut header = [0u8; HEADER_LEN];
         io.read_exact(&mut header).await?;
-        let parsed = FrameHeader::parse(&header, &self.limits)
+        let parsed = FrameHeader::parse(&header, limits)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         let frame_len = parsed.frame_len();
         let mut bytes = Vec::with_capacity(frame_len);
@@ -91,14 +100,14 @@ impl request_response::Codec for ControlCodec {
     where
         T: AsyncRead + Unpin + Send,
     {
-        self.read_frame(io).await
+        Self::read_frame(&self.limits, io).await
     }
 
     async fn read_response<T>(&mut self, _: &StreamProtocol, io: &mut T) -> io::Result<ControlFrame>
     where
         T: AsyncRead + Unpin + Send,
     {
-        self.read_frame(io).await
+        Self::read_frame(&self.response_limits, io).await
     }
 
     async fn write_request<T>(
@@ -123,5 +132,53 @@ impl request_response::Codec for ControlCodec {
         T: AsyncWrite + Unpin + Send,
     {
         Self::write_frame(io, frame).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use libp2p::request_response::Codec as _;
+    use murmur_protocol::message::{MAX_STATE_RANGE_BYTES, StateSyncResponse};
+
+    use super::*;
+
+    fn range_of(len: usize) -> Vec<u8> {
+        let payload = vec![7u8; len];
+        let message = Message::StateSyncResponse(StateSyncResponse {
+            offset: 0,
+            total_len: len as u64,
+            digest: [1; 32],
+            last: true,
+            payload: &payload,
+        });
+        ControlFrame::encode(&message)
+            .expect("a range")
+            .as_bytes()
+            .to_vec()
+    }
+
+    /// A state-sync range of 1 MiB is read as a response past a 64 KiB control limit, and
+    /// still refused as a request; one byte more is refused as a response too.
+    #[tokio::test]
+    async fn responses_are_read_up_to_a_state_range_and_requests_within_the_control_limit() {
+        let mut codec = ControlCodec::new(FrameLimits::new(64 * 1024).expect("limits"));
+        let protocol = StreamProtocol::new("/murmur/test/1");
+        let range = range_of(MAX_STATE_RANGE_BYTES as usize);
+        let read = codec
+            .read_response(&protocol, &mut futures::io::Cursor::new(range.clone()))
+            .await
+            .expect("a whole range read as a response");
+        assert_eq!(read.as_bytes(), &range[..]);
+        let refused = codec
+            .read_request(&protocol, &mut futures::io::Cursor::new(range))
+            .await
+            .expect_err("a request past the control limit");
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
+        let over = range_of(MAX_STATE_RANGE_BYTES as usize + 1);
+        let refused = codec
+            .read_response(&protocol, &mut futures::io::Cursor::new(over))
+            .await
+            .expect_err("a response past a state range");
+        assert_eq!(refused.kind(), io::ErrorKind::InvalidData);
     }
 }

@@ -215,9 +215,9 @@ impl NetHandle {
         self.inner.events.subscribe()
     }
 
-    /// Opens a tensor stream to `peer`, dialing it if needed and waiting (bounded) until
-    /// both sides have verified each other's invite.
-    pub async fn open_tensor_stream(&self, peer: &PeerId) -> Result<TensorStreamWriter, NetError> {
+    /// Waits (bounded) until both this peer and `peer` have verified each other's invite,
+    /// dialing it if needed.
+    pub async fn wait_ready(&self, peer: &PeerId) -> Result<(), NetError> {
         let remote = to_libp2p(peer);
         let raw = &self.inner.config.raw;
         let wait = ValidConfig::ms(
@@ -225,7 +225,15 @@ impl NetHandle {
                 .saturating_add(raw.stream_open_timeout_ms),
         );
         self.ask_within(|reply| Command::WaitReady(remote, reply), wait)
-            .await??;
+            .await?
+    }
+
+    /// Opens a tensor stream to `peer`, dialing it if needed and waiting (bounded) until
+    /// both sides have verified each other's invite.
+    pub async fn open_tensor_stream(&self, peer: &PeerId) -> Result<TensorStreamWriter, NetError> {
+        self.wait_ready(peer).await?;
+        let remote = to_libp2p(peer);
+        let raw = &self.inner.config.raw;
         let open_timeout = ValidConfig::ms(raw.stream_open_timeout_ms);
         let mut control = self.inner.streams.clone();
         let open = control.open_stream(remote, self.inner.tensor_protocol.clone());
@@ -269,6 +277,11 @@ impl NetHandle {
             wait,
         )
         .await?
+    }
+
+    /// How long a control request waits for its answer (`net.request_timeout_ms`).
+    pub fn request_timeout(&self) -> std::time::Duration {
+        ValidConfig::ms(self.inner.config.raw.request_timeout_ms)
     }
 
     /// Answers the control request `id` (from [`NetInbound::control_requests`]).

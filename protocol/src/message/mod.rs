@@ -47,7 +47,10 @@ pub use heartbeat::{
 pub use push_sum::{PushSumShare, ShareRefused};
 pub use reject::{MAX_REJECT_TEXT_LEN, Reject, RejectCode};
 pub use share_receipt::{ShareCancel, ShareOutcome, ShareReceipt};
-pub use state_sync::{StateSyncRequest, StateSyncResponse};
+pub use state_sync::{
+    MAX_RANGE_BYTES as MAX_STATE_RANGE_BYTES, MAX_RESPONSE_PAYLOAD as MAX_STATE_RESPONSE_PAYLOAD,
+    StateSyncRequest, StateSyncResponse, response_limits as state_sync_response_limits,
+};
 pub use tensor::{AveragedChunk, ChunkAddress, TensorPartChunk};
 
 use crate::frame::{Frame, FrameFlags, FrameHeader, FrameKind, HEADER_LEN};

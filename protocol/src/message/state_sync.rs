@@ -8,7 +8,23 @@
 
 use super::fields::{decode_with, encode_with, read_bool, write_bool};
 use super::{MessageError, WireMessage};
-use crate::frame::FrameKind;
+use crate::frame::{FrameKind, FrameLimits};
+
+/// The most snapshot bytes one response carries. A requester reads responses to its
+/// state-sync requests up to [`MAX_RESPONSE_PAYLOAD`] whatever its limit for other control
+/// frames, and asks for no more than this.
+pub const MAX_RANGE_BYTES: u32 = 1 << 20;
+
+/// The largest payload of a state-sync response: [`MAX_RANGE_BYTES`] of the snapshot and
+/// the fields before them.
+pub const MAX_RESPONSE_PAYLOAD: u32 = MAX_RANGE_BYTES + RESPONSE_FIXED_LEN as u32;
+
+/// The limits a requester reads control responses within: its control `limits`, raised to
+/// fit a state-sync response of [`MAX_RANGE_BYTES`]. Only answers to its own requests are
+/// read within them, so the most it buffers stays bounded by the requests it has in flight.
+pub fn response_limits(limits: FrameLimits) -> FrameLimits {
+    FrameLimits::new(limits.max_payload().max(MAX_RESPONSE_PAYLOAD)).unwrap_or(limits)
+}
 
 /// Asks for the bytes of the responder's state snapshot from `from_offset` on.
 ///
