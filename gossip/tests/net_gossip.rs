@@ -159,6 +159,78 @@ async fn a_control_request_is_answered_by_the_application() {
     }
 }
 
+/// AutoNAT's dial-backs open a second connection between two members, which the side that
+/// dialed closes at once; a control request sent over it while it was open failed with
+/// "connection closed" (seen as a state download cut off 15 s into a join). Two members
+/// that probe each other every second exchange control requests, eight in flight, through
+/// their first dial-backs: every request is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_requests_go_on_through_reachability_dial_backs() {
+    let authority = Authority::new();
+    let probing = |seed: u8| {
+        let (mut config, identity) = authority.config(seed, InviteKind::Valid);
+        config.reachability_probe_interval_ms = 1_000;
+        (config, identity)
+    };
+    let (config, identity) = probing(1);
+    let (a, _a_in) = murmur_gossip::net::spawn(&config, identity)
+        .await
+        .expect("a starts");
+    let (config, identity) = probing(2);
+    let (b, mut b_in) = murmur_gossip::net::spawn(&config, identity)
+        .await
+        .expect("b starts");
+    connect(&a, &b).await;
+    let (a_id, b_id) = (a.local_peer_id(), b.local_peer_id());
+    a.wait_ready(&b_id)
+        .await
+        .expect("a and b verified each other");
+    b.wait_ready(&a_id)
+        .await
+        .expect("b and a verified each other");
+
+    let responder = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            let answer = Message::Reject(Reject {
+                code: RejectCode::Unavailable,
+                text: "no snapshot yet",
+            });
+            while let Some(inbound) = b_in.control_requests.recv().await {
+                let _ = b.respond_control(inbound.id, &answer).await;
+            }
+        })
+    };
+    let request = Message::StateSyncRequest(StateSyncRequest {
+        from_offset: 0,
+        max_bytes: 4096,
+        expected_digest: [0; 32],
+    });
+    let until = tokio::time::Instant::now() + Duration::from_secs(6);
+    let mut answered = 0u32;
+    let mut in_flight = futures::stream::FuturesUnordered::new();
+    while tokio::time::Instant::now() < until && answered < 200_000 {
+        while in_flight.len() < 8 {
+            in_flight.push(a.send_control(&b_id, &request));
+        }
+        let answer = in_flight.next().await.expect("eight in flight");
+        answer.unwrap_or_else(|e| panic!("request {answered} failed: {e}"));
+        answered += 1;
+    }
+    let public = |h: &murmur_gossip::net::NetHandle| {
+        h.metrics().reachability() == murmur_gossip::net::Reachability::Public
+    };
+    assert!(
+        public(&a) && public(&b),
+        "each was dialed back by the other ({answered} requests answered)"
+    );
+    drop(in_flight);
+    for h in [a, b] {
+        h.shutdown().await.expect("shutdown");
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(5), responder).await;
+}
+
 /// A gossipsub node on the swarm's topic, with a key but no invite, connected to a member
 /// of a swarm whose members publish heartbeats. Its own heartbeats are well formed and
 /// signed by its key, so only authorization can keep them out. It never learns that the

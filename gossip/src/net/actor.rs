@@ -133,6 +133,23 @@ impl PeerState {
     }
 }
 
+/// How often a control request whose connection closed under it (or whose stream failed)
+/// is sent again to the same peer while it is still connected. AutoNAT's dial-backs open a
+/// second connection that the dialing side closes at once, and request-response spreads
+/// requests over every connection to a peer, so a request may go out on one just before
+/// it closes. Control requests are therefore answered the same however often they come.
+pub(crate) const CONTROL_RESENDS: u8 = 2;
+
+/// A control request sent, until its answer comes.
+#[derive(Debug)]
+pub(crate) struct PendingControl {
+    /// Kept to send again (control requests are small).
+    pub(crate) frame: ControlFrame,
+    pub(crate) reply: oneshot::Sender<Result<ControlFrame, NetError>>,
+    /// Times it was sent again (at most [`CONTROL_RESENDS`]).
+    pub(crate) resends: u8,
+}
+
 /// The network task's state.
 pub(crate) struct NetActor {
     pub(crate) swarm: Swarm<MurmurBehaviour>,
@@ -145,8 +162,7 @@ pub(crate) struct NetActor {
     pub(crate) inbound_control: mpsc::Sender<InboundControl>,
     pub(crate) peers: HashMap<libp2p::PeerId, PeerState>,
     pub(crate) waiters: HashMap<libp2p::PeerId, Vec<oneshot::Sender<Result<(), NetError>>>>,
-    pub(crate) requests:
-        HashMap<OutboundRequestId, oneshot::Sender<Result<ControlFrame, NetError>>>,
+    pub(crate) requests: HashMap<OutboundRequestId, PendingControl>,
     pub(crate) responses: HashMap<u64, ResponseChannel<ControlFrame>>,
     pub(crate) next_response_id: u64,
     pub(crate) listen_addrs: Vec<Multiaddr>,
@@ -263,12 +279,17 @@ impl NetActor {
                     })));
                     return;
                 }
+                let pending = PendingControl {
+                    frame: frame.clone(),
+                    reply,
+                    resends: 0,
+                };
                 let id = self
                     .swarm
                     .behaviour_mut()
                     .control
                     .send_request(&peer, frame);
-                self.requests.insert(id, reply);
+                self.requests.insert(id, pending);
             }
             Command::RespondControl(id, frame, reply) => {
                 let result = match self.responses.remove(&id) {
@@ -405,7 +426,8 @@ impl NetActor {
         }
         self.waiters.retain(|_, w| !w.is_empty());
         self.responses.retain(|_, channel| channel.is_open());
-        self.requests.retain(|_, reply| !reply.is_closed());
+        self.requests
+            .retain(|_, pending| !pending.reply.is_closed());
     }
 
     /// Dials `addr`; by peer id when it ends in `/p2p/<id>`, so that the dial is known to be

@@ -260,7 +260,9 @@ impl NetHandle {
     }
 
     /// Sends a control message to an authorized peer and waits (at most
-    /// `net.request_timeout_ms`) for its answer, one whole frame.
+    /// `net.request_timeout_ms`) for its answer, one whole frame. A request whose connection
+    /// closes under it is sent again (at most twice) while the peer is still connected, so
+    /// the peer must answer a repeated request as it answered the first.
     pub async fn send_control(
         &self,
         peer: &PeerId,

@@ -9,7 +9,7 @@ use libp2p::{Multiaddr, gossipsub, identify, kad, mdns};
 use murmur_protocol::identity::PeerId;
 
 use super::NetEvent;
-use super::actor::{NetActor, PeerState, Refusal, for_peer};
+use super::actor::{CONTROL_RESENDS, NetActor, PeerState, Refusal, for_peer};
 use super::auth::{AuthFailure, reject_frame};
 use super::behaviour::MurmurBehaviourEvent;
 use super::control::ControlFrame;
@@ -223,8 +223,8 @@ impl NetActor {
                         .is_some_and(|s| s.hello_request == Some(request_id));
                     if is_hello {
                         self.on_hello_answer(peer, &response);
-                    } else if let Some(reply) = self.requests.remove(&request_id) {
-                        let _ = reply.send(Ok(response));
+                    } else if let Some(pending) = self.requests.remove(&request_id) {
+                        let _ = pending.reply.send(Ok(response));
                     }
                 }
             },
@@ -262,12 +262,35 @@ impl NetActor {
                             format!("auth exchange failed: {other}"),
                         ),
                     }
-                } else if let Some(reply) = self.requests.remove(&request_id) {
-                    let reason = error.to_string();
-                    let _ = reply.send(Err(for_peer(&peer, |id| NetError::Request {
-                        peer: id,
-                        reason,
-                    })));
+                } else if let Some(mut pending) = self.requests.remove(&request_id) {
+                    // The connection it went out on closed before the answer came (before
+                    // the request was written, or under its stream: "connection lost"), but
+                    // the peer is still there (see `CONTROL_RESENDS`): ask again.
+                    let resend = matches!(
+                        error,
+                        OutboundFailure::ConnectionClosed | OutboundFailure::Io(_)
+                    ) && pending.resends < CONTROL_RESENDS
+                        && self.peers.get(&peer).is_some_and(PeerState::is_ready)
+                        && self.swarm.is_connected(&peer);
+                    if resend {
+                        pending.resends += 1;
+                        tracing::debug!(%peer, "control request sent again: its connection closed");
+                        let frame = pending.frame.clone();
+                        let id = self
+                            .swarm
+                            .behaviour_mut()
+                            .control
+                            .send_request(&peer, frame);
+                        self.requests.insert(id, pending);
+                    } else {
+                        let reason = error.to_string();
+                        let _ = pending
+                            .reply
+                            .send(Err(for_peer(&peer, |id| NetError::Request {
+                                peer: id,
+                                reason,
+                            })));
+                    }
                 }
             }
             request_response::Event::ResponseSent { peer, .. } => {
