@@ -571,6 +571,11 @@ mod tests {
         assert!(refresh_due(quick, ended + Duration::from_millis(4)));
     }
 
+    /// Whether `a` and `b` hold the same values, bit for bit.
+    fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
     /// A state of `params` alone.
     fn view_of(params: &[f32]) -> SnapshotView<'_> {
         SnapshotView {
@@ -685,14 +690,7 @@ mod tests {
         let snapshot = decode(partial).expect("decodes");
         let tensor = &snapshot.tensors[0];
         assert_eq!((tensor.name.as_str(), snapshot.step), ("params", 3));
-        assert!(
-            tensor
-                .data
-                .iter()
-                .zip(&params)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-                && tensor.data.len() == params.len()
-        );
+        assert!(same_bits(&tensor.data, &params));
     }
 
     /// A range that came corrupted fails the digest when the file is decoded: no state is
@@ -799,15 +797,7 @@ mod tests {
             (downloaded.expect("downloaded"), served)
         });
         let (downloaded, served) = downloaded;
-        let tensor = &downloaded.snapshot.tensors[0];
-        assert_eq!(tensor.data.len(), params.len());
-        assert!(
-            tensor
-                .data
-                .iter()
-                .zip(&params)
-                .all(|(a, b)| a.to_bits() == b.to_bits())
-        );
+        assert!(same_bits(&downloaded.snapshot.tensors[0].data, &params));
         (downloaded.bytes, served)
     }
 

@@ -280,16 +280,11 @@ impl NetActor {
                     return;
                 }
                 let pending = PendingControl {
-                    frame: frame.clone(),
+                    frame,
                     reply,
                     resends: 0,
                 };
-                let id = self
-                    .swarm
-                    .behaviour_mut()
-                    .control
-                    .send_request(&peer, frame);
-                self.requests.insert(id, pending);
+                self.send_control(peer, pending);
             }
             Command::RespondControl(id, frame, reply) => {
                 let result = match self.responses.remove(&id) {
@@ -309,6 +304,17 @@ impl NetActor {
             // Handled by the loop.
             Command::Shutdown(_) => {}
         }
+    }
+
+    /// Sends `pending`'s request to `peer` and keeps it until its answer or failure.
+    pub(crate) fn send_control(&mut self, peer: libp2p::PeerId, pending: PendingControl) {
+        let frame = pending.frame.clone();
+        let id = self
+            .swarm
+            .behaviour_mut()
+            .control
+            .send_request(&peer, frame);
+        self.requests.insert(id, pending);
     }
 
     /// Answers when `peer` is ready for tensor streams, dialing it if needed.

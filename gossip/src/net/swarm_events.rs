@@ -275,13 +275,7 @@ impl NetActor {
                     if resend {
                         pending.resends += 1;
                         tracing::debug!(%peer, "control request sent again: its connection closed");
-                        let frame = pending.frame.clone();
-                        let id = self
-                            .swarm
-                            .behaviour_mut()
-                            .control
-                            .send_request(&peer, frame);
-                        self.requests.insert(id, pending);
+                        self.send_control(peer, pending);
                     } else {
                         let reason = error.to_string();
                         let _ = pending
