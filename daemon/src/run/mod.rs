@@ -490,7 +490,17 @@ async fn join_from_swarm(
     };
     let net = peer.net.clone();
     let dir = peer.settings.checkpoint_dir.clone();
-    let download = state_sync::download(&net, &servers, &dir, &limits, &snapshot_limits);
+    // A task of its own: the download writes each range to its file as it comes (up to
+    // 8 MiB at a time), and a write the kernel holds up must not hold up the heartbeats
+    // `keep_in_touch` sends meanwhile, or the servers give this peer up as silent.
+    let download = tokio::spawn(async move {
+        state_sync::download(&net, &servers, &dir, &limits, &snapshot_limits).await
+    });
+    let download = async move {
+        download
+            .await
+            .map_err(|e| anyhow::anyhow!("the state download stopped: {e}"))?
+    };
     let mut snapshot = match meet::keep_in_touch(peer, events, membership, clock, download).await {
         Ok(downloaded) => downloaded.snapshot,
         Err(e) => {

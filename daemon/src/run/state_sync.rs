@@ -12,11 +12,12 @@
 //! the server holds; later ones name its digest, so every range comes from the same
 //! snapshot. Up to [`WINDOW`] ranges are in flight at once, so a download moves `WINDOW`
 //! ranges per round trip rather than one, and ranges grow from 48 KiB to 1 MiB with the rate
-//! measured ([`RangeSizer`]): on loopback a 485 MB state came at 0.96 of one tensor
-//! stream's rate with them, 0.64 with 48 KiB ranges (`murmur bench state-sync`). The server keeps its previous snapshot as well as
-//! the current one, so that a refresh in the middle of a download does not break it; a
-//! download that fails part way resumes from the bytes it already has against the next
-//! server, or starts over from that server's snapshot when it no longer holds the same one.
+//! measured ([`RangeSizer`]): on loopback a 485 MB state came at 0.88–1.00 of one tensor
+//! stream's rate with them, 0.61–0.71 with 48 KiB ranges (`murmur bench state-sync`).
+//! The server keeps its previous snapshot as well as the current one, so that a refresh in
+//! the middle of a download does not break it; a download that fails part way resumes from
+//! the bytes it already has against the next server, or starts over from that server's
+//! snapshot when it no longer holds the same one.
 //! The joiner writes the ranges into an unnamed file beside the served snapshots and
 //! decodes the state from there once its digest checks out, so it never holds the encoded
 //! state and the decoded one in memory at once.
