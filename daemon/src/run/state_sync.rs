@@ -480,7 +480,8 @@ impl RangeSizer {
         let rate = self.bytes as f64 / elapsed;
         let size = rate * self.budget.as_secs_f64() / WINDOW as f64;
         // Float to integer casts saturate.
-        (size as u32).clamp(RANGE_BYTES, self.served_max.max(RANGE_BYTES))
+        // `took` keeps `served_max` at RANGE_BYTES or more.
+        (size as u32).clamp(RANGE_BYTES, self.served_max)
     }
 }
 
