@@ -133,6 +133,10 @@ pub(crate) struct StateSyncBenchArgs {
     /// Downloads and transfers each; medians are reported.
     #[arg(long, default_value_t = 3)]
     pub(crate) rounds: u32,
+    /// Network stacks that serve the same state, 1 to 4; the joiner downloads from all of
+    /// them at once, and the tensor stream comes from the first.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) servers: usize,
     /// The folder the served and downloaded states are written in; a fresh temporary
     /// folder in it is removed at the end.
     #[arg(long, default_value = ".")]

@@ -299,9 +299,9 @@ fn kill_9_leaves_survivors_training_with_no_step_held_past_the_share_timeout() {
 }
 
 /// A butterfly joiner downloads the swarm's state (parameters and AdamW state of a 6.4M-
-/// parameter GPT, about 75 MB) and starts from it, though the download takes longer than
-/// the 1.6 heartbeat intervals after which peers give a silent peer up: the joiner keeps
-/// heartbeating while it downloads. Before it did, the servers dropped it mid-download and
+/// parameter GPT, about 75 MB) from both founders at once and starts from it, though the
+/// download takes longer than the 1.6 heartbeat intervals after which peers give a silent
+/// peer up: the joiner keeps heartbeating while it downloads. Before it did, the servers dropped it mid-download and
 /// it started from its own initial parameters.
 #[test]
 fn a_butterfly_joiner_downloads_a_state_slower_than_the_heartbeat_bound() {
@@ -337,8 +337,8 @@ fn a_butterfly_joiner_downloads_a_state_slower_than_the_heartbeat_bound() {
     // peer still holds the initial parameters), so both founders finish one first. Steps
     // alone do not say so: on a loaded host a round can lag its members' steps.
     for founder in [&mut p0, &mut p1] {
-        founder.wait_for("a finished round", TRAINING_PATIENCE, |l| {
-            l.is("progress") && l.u64("rounds") >= 1
+        founder.wait_for("two finished rounds", TRAINING_PATIENCE, |l| {
+            l.is("progress") && l.u64("rounds") >= 2
         });
     }
 
@@ -372,5 +372,11 @@ fn a_butterfly_joiner_downloads_a_state_slower_than_the_heartbeat_bound() {
     assert!(
         !log.contains("cannot download the swarm's state"),
         "the joiner started from local state:\n{log}"
+    );
+    // Both founders applied the same rounds' updates and publish the same bytes at the
+    // same rounds: the joiner fetched ranges from both.
+    assert!(
+        downloaded.contains("servers=2"),
+        "the state came from one founder only: {downloaded}\n{log}"
     );
 }

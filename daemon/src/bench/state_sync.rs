@@ -6,7 +6,8 @@
 //! daemon's own download, into a file, as a joiner does. Each round also moves as many
 //! bytes over one tensor stream from the server to the joiner, in 1 MiB frames. The
 //! download's rate counts its ranges only (the first request to the last range); the
-//! decoding that follows is reported apart.
+//! decoding that follows is reported apart. With `--servers N`, N stacks serve the same
+//! snapshot and the joiner downloads from all of them at once.
 
 use std::path::Path;
 use std::time::Duration;
@@ -25,12 +26,18 @@ use crate::run::state_sync::{self, StateCell};
 const FRAME_BYTES: usize = 1 << 20;
 /// Most rounds one run may ask for.
 const MAX_ROUNDS: u32 = 16;
+/// Most serving stacks one run may ask for.
+const MAX_SERVERS: usize = 4;
 
 pub(crate) fn run(args: &StateSyncBenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.mib > 0, "--mib must be at least 1");
     anyhow::ensure!(
         (1..=MAX_ROUNDS).contains(&args.rounds),
         "--rounds must be 1 to {MAX_ROUNDS}"
+    );
+    anyhow::ensure!(
+        (1..=MAX_SERVERS).contains(&args.servers),
+        "--servers must be 1 to {MAX_SERVERS}"
     );
     let folder = args
         .dir
@@ -73,13 +80,25 @@ async fn measure(args: &StateSyncBenchArgs, folder: &Path) -> anyhow::Result<()>
     let control = pair
         .take_sender_control()
         .context("the server's control requests")?;
-    let server = pair.sender.local_peer_id();
+    let mut servers = vec![pair.sender.local_peer_id()];
     tokio::spawn(state_sync::serve(
         pair.sender.clone(),
         control,
-        cell,
+        cell.clone(),
         limits,
     ));
+    let mut others = Vec::new();
+    for _ in 1..args.servers {
+        let (net, control) = pair.another_sender().await?;
+        servers.push(net.local_peer_id());
+        tokio::spawn(state_sync::serve(
+            net.clone(),
+            control,
+            cell.clone(),
+            limits,
+        ));
+        others.push(net);
+    }
 
     let mut streamed = Vec::new();
     let mut fetched = Vec::new();
@@ -88,7 +107,7 @@ async fn measure(args: &StateSyncBenchArgs, folder: &Path) -> anyhow::Result<()>
     for _ in 0..args.rounds {
         let downloaded = state_sync::download(
             &pair.receiver,
-            &[server],
+            &servers,
             &folder.join("joiner"),
             &limits,
             &snapshot_limits,
@@ -98,6 +117,12 @@ async fn measure(args: &StateSyncBenchArgs, folder: &Path) -> anyhow::Result<()>
         anyhow::ensure!(
             got.len() == params.len() && got[..] == params[..],
             "the downloaded parameters differ from the served ones"
+        );
+        anyhow::ensure!(
+            downloaded.servers == args.servers,
+            "{} of {} servers answered ranges",
+            downloaded.servers,
+            args.servers
         );
         bytes = downloaded.bytes;
         fetched.push(rate(bytes, downloaded.fetch));
@@ -113,8 +138,9 @@ async fn measure(args: &StateSyncBenchArgs, folder: &Path) -> anyhow::Result<()>
         let took = pair.transfer(chunks, &config).await?;
         streamed.push(rate(chunks * FRAME_BYTES as u64, took));
     }
-    let _ = pair.sender.shutdown().await;
-    let _ = pair.receiver.shutdown().await;
+    for net in others.iter().chain([&pair.sender, &pair.receiver]) {
+        let _ = net.shutdown().await;
+    }
     report(args, bytes, &fetched, &streamed, &decoded);
     Ok(())
 }
@@ -138,6 +164,7 @@ fn report(
         let row = serde_json::json!({
             "state_bytes": bytes,
             "rounds": args.rounds,
+            "servers": args.servers,
             "download_mb_per_s": download,
             "tensor_stream_mb_per_s": stream,
             "ratio": ratio,
@@ -148,8 +175,9 @@ fn report(
         println!("{row}");
     } else {
         println!(
-            "{:.1} MB of encoded state, median of {} rounds",
+            "{:.1} MB of encoded state from {} server(s), median of {} rounds",
             bytes as f64 / 1e6,
+            args.servers,
             args.rounds
         );
         println!("state download (ranges)   {download:>8.1} MB/s");

@@ -40,7 +40,7 @@ use murmur_protocol::snapshot::SnapshotLimits;
 use peer::{Peer, Signals, Traffic};
 use progress::{Counters, Progress};
 pub(crate) use settings::RunSettings;
-use state_sync::StateCell;
+use state_sync::{RoundCadence, StateCell};
 use worker::{SharedOptimizer, Worker};
 
 /// Why a peer stopped.
@@ -229,6 +229,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         optimizer,
         state,
         state_skipped: false,
+        round_cadence: RoundCadence::default(),
         pending_optimizer: None,
         metrics,
         board,

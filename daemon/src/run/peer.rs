@@ -20,7 +20,7 @@ use super::checkpointing::{
 };
 use super::progress::{Counters, EvalLosses, Progress};
 use super::settings::RunSettings;
-use super::state_sync::StateCell;
+use super::state_sync::{RoundCadence, StateCell};
 use super::worker::Worker;
 use super::worker::{Done, Job, OptimizerState, SharedOptimizer};
 use crate::checkpoint::SetAside;
@@ -152,6 +152,8 @@ pub(crate) struct Peer {
     /// The last refresh of it was skipped (the optimizer's state was held): try again at
     /// the next step rather than [`STATE_EVERY`] steps later.
     pub(crate) state_skipped: bool,
+    /// When a butterfly member publishes its state (after rounds, not steps).
+    pub(crate) round_cadence: RoundCadence,
     /// The optimizer's state as the trainer last shared it.
     pub(crate) optimizer: SharedOptimizer,
     /// Optimizer state found in a checkpoint or a download, to load before training.
@@ -377,7 +379,8 @@ impl Peer {
     /// one may succeed).
     pub(crate) fn maybe_checkpoint(&mut self, params: &[f32]) {
         let refresh_turn = self.counters.step.is_multiple_of(STATE_EVERY) || self.state_skipped;
-        if refresh_turn && self.state.refresh_due() {
+        let by_rounds = self.settings.mode() == AveragingMode::Butterfly;
+        if refresh_turn && !by_rounds && self.state.refresh_due() {
             let published = self.publish_state(params);
             self.state_skipped = published.is_none();
             match published {
@@ -397,6 +400,49 @@ impl Peer {
         if every > 0 && self.counters.step.is_multiple_of(every) {
             let (target, meta) = (self.checkpoint_target(), self.state_meta());
             self.checkpoints.start(&target, meta, params);
+        }
+    }
+
+    /// Butterfly: serves the state the update of a round left (`params`, after
+    /// `optimizer_steps` optimizer steps, at the schedule's `step`) when the members'
+    /// [`RoundCadence`] has it due, so that every member of the round serves the same
+    /// bytes. Its counters are the round's, not this member's own: `step` and as many
+    /// batches of samples.
+    pub(crate) fn publish_round(&mut self, params: &[f32], step: u64, optimizer_steps: u64) {
+        if !self.round_cadence.due(optimizer_steps) {
+            return;
+        }
+        let fresh = self
+            .optimizer
+            .try_lock()
+            .is_ok_and(|shared| shared.steps_taken == optimizer_steps);
+        if !fresh {
+            // A checkpoint held the optimizer's state when the trainer went to share it.
+            tracing::debug!(
+                optimizer_steps,
+                "state snapshot not refreshed: the optimizer's state shared is older"
+            );
+            return;
+        }
+        let meta = StateMeta {
+            step,
+            samples: step.saturating_mul(self.settings.task.data.batch_size as u64),
+            ..self.state_meta()
+        };
+        let started = std::time::Instant::now();
+        match try_with_state_view(&meta, params, &self.optimizer, |view| {
+            self.state.publish(view)
+        }) {
+            Some(Ok(())) => {
+                let now = std::time::Instant::now();
+                self.round_cadence
+                    .published(optimizer_steps, now, now - started);
+            }
+            Some(Err(e)) => tracing::warn!(
+                error = crate::error_text::describe(&e),
+                "state snapshot not refreshed"
+            ),
+            None => tracing::debug!("state snapshot not refreshed: the optimizer's state is held"),
         }
     }
 

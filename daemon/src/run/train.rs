@@ -27,6 +27,8 @@ struct Loop {
     held: Option<Work>,
     /// An eval is due at the next update of the parameters.
     eval_pending: bool,
+    /// The schedule's step of the update the trainer is applying.
+    applying_step: u64,
     final_params: Option<Vec<f32>>,
     finish: Option<Finish>,
 }
@@ -60,10 +62,16 @@ pub(crate) async fn train(
             done = peer.worker.done.recv(), if busy => {
                 peer.worker.finished();
                 let done = done.context("the trainer thread stopped")??;
-                let Done::Engine { done, loss, eval_loss, learning_rate } = done else {
+                let Done::Engine { done, loss, eval_loss, learning_rate, optimizer_steps } = done
+                else {
                     anyhow::bail!("the trainer answered engine work with something else");
                 };
                 account(peer, &mut state, &done, loss, eval_loss, learning_rate);
+                if let (WorkDone::Applied { params, .. }, Some(steps)) = (&done, optimizer_steps)
+                    && peer.settings.mode() == AveragingMode::Butterfly
+                {
+                    peer.publish_round(params, state.applying_step, steps);
+                }
                 // The budget is checked before the answer goes back, so that the engine
                 // knows to stop before it asks for another step.
                 let budget = peer.settings.steps;
@@ -131,7 +139,10 @@ pub(crate) async fn train(
 fn submit(peer: &mut Peer, state: &mut Loop, work: Work) -> anyhow::Result<()> {
     let eval = match &work {
         Work::Step { .. } => peer.settings.eval_due(peer.counters.step + 1),
-        Work::Apply { .. } => std::mem::take(&mut state.eval_pending),
+        Work::Apply { step, .. } => {
+            state.applying_step = *step;
+            std::mem::take(&mut state.eval_pending)
+        }
         Work::Gradient { .. } => false,
     };
     peer.worker.submit(Job::Engine { work, eval })

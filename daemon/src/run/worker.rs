@@ -36,8 +36,8 @@ pub(crate) struct OptimizerState {
 }
 
 /// The optimizer state as of the last refresh, shared with the run loop (for checkpoints
-/// and state sync). The trainer copies into it every [`OPTIMIZER_SHARE_EVERY`] optimizer
-/// steps, reusing its buffers, unless a checkpoint being written holds it: then that
+/// and state sync). The trainer copies into it after the first optimizer step and every
+/// [`OPTIMIZER_SHARE_EVERY`] after it, reusing its buffers, unless a checkpoint being written holds it: then that
 /// refresh is skipped rather than waited for.
 pub(crate) type SharedOptimizer = Arc<Mutex<OptimizerState>>;
 
@@ -56,6 +56,8 @@ pub(crate) enum Done {
         eval_loss: Option<f32>,
         /// The learning rate of the update (steps and applies).
         learning_rate: Option<f32>,
+        /// The optimizer's steps after an apply, which names the round's state.
+        optimizer_steps: Option<u64>,
     },
     Eval {
         params: Vec<f32>,
@@ -210,7 +212,7 @@ impl WorkerState {
     fn share_optimizer(&self) {
         let optimizer = &self.task.optimizer;
         let steps = optimizer.steps_taken();
-        if !steps.is_multiple_of(OPTIMIZER_SHARE_EVERY) {
+        if steps != 1 && !steps.is_multiple_of(OPTIMIZER_SHARE_EVERY) {
             return;
         }
         let Ok(mut shared) = self.shared.try_lock() else {
@@ -305,6 +307,7 @@ impl WorkerState {
                     loss: Some(loss),
                     eval_loss,
                     learning_rate: Some(self.task.schedule.lr(step, swarm_batch)),
+                    optimizer_steps: None,
                 })
             }
             Work::Gradient { params, mut grad } => {
@@ -331,6 +334,7 @@ impl WorkerState {
                     loss: Some(loss),
                     eval_loss: None,
                     learning_rate: None,
+                    optimizer_steps: None,
                 })
             }
             Work::Apply {
@@ -351,6 +355,7 @@ impl WorkerState {
                     loss: None,
                     eval_loss,
                     learning_rate: Some(lr),
+                    optimizer_steps: Some(self.task.optimizer.steps_taken()),
                 })
             }
         }

@@ -172,6 +172,9 @@ pub struct Libp2pPair {
     inbound: tokio::sync::Mutex<super::NetInbound>,
     /// The sender's control requests (its tensor streams go unread).
     sender_control: Option<tokio::sync::mpsc::Receiver<super::InboundControl>>,
+    /// Issues every stack's invite.
+    authority: Keypair,
+    swarm: SwarmId,
 }
 
 impl std::fmt::Debug for Libp2pPair {
@@ -188,44 +191,41 @@ impl Libp2pPair {
     pub async fn start() -> Result<Libp2pPair, BenchError> {
         let authority = Keypair::from_seed(random_seed()?);
         let swarm = SwarmId::new("murmur-bench").map_err(|e| BenchError::Config(e.to_string()))?;
-        let config_for = |identity: &NetIdentity| -> Result<NetConfig, BenchError> {
-            let now = unix_now();
-            let invite = Invite::issue(
-                &authority,
-                &identity.peer_id(),
-                &swarm,
-                now.saturating_sub(60),
-                now + 24 * 3600,
-            )
-            .map_err(|e| BenchError::Config(e.to_string()))?;
-            Ok(NetConfig {
-                swarm_id: swarm.to_string(),
-                authority: authority.peer_id().to_string(),
-                invite: invite.encode(),
-                listen_addrs: vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_owned()],
-                ..NetConfig::default()
-            })
-        };
-        let sender_id = NetIdentity::from_seed(random_seed()?);
         let receiver_id = NetIdentity::from_seed(random_seed()?);
         let peer = receiver_id.peer_id();
-        let sender_config = config_for(&sender_id)?;
-        let receiver_config = config_for(&receiver_id)?;
+        let receiver_config = stack_config(&authority, &swarm, &receiver_id)?;
         let (receiver, inbound) = super::spawn(&receiver_config, receiver_id).await?;
-        let (sender, sender_inbound) = super::spawn(&sender_config, sender_id).await?;
-        for addr in receiver.listen_addrs().await? {
-            sender.dial(addr).await?;
-        }
-        // Each side has verified the other's invite, and knows the other did.
-        sender.wait_ready(&peer).await?;
-        receiver.wait_ready(&sender.local_peer_id()).await?;
+        let (sender, sender_control) = joined_stack(&authority, &swarm, &receiver, peer).await?;
         Ok(Libp2pPair {
             sender,
             receiver,
             receiver_id: peer,
             inbound: tokio::sync::Mutex::new(inbound),
-            sender_control: Some(sender_inbound.control_requests),
+            sender_control: Some(sender_control),
+            authority,
+            swarm,
         })
+    }
+
+    /// Starts one more stack, invited as the other two are, that dials the receiver; it
+    /// and the receiver have verified each other when this returns. Its control requests
+    /// come with it (its tensor streams go unread).
+    pub async fn another_sender(
+        &self,
+    ) -> Result<
+        (
+            super::NetHandle,
+            tokio::sync::mpsc::Receiver<super::InboundControl>,
+        ),
+        BenchError,
+    > {
+        joined_stack(
+            &self.authority,
+            &self.swarm,
+            &self.receiver,
+            self.receiver_id,
+        )
+        .await
     }
 
     /// The control requests the sender receives, once.
@@ -453,4 +453,53 @@ fn random_seed() -> Result<[u8; SECRET_SEED_LEN], BenchError> {
     let mut seed = [0u8; SECRET_SEED_LEN];
     getrandom::fill(&mut seed).map_err(|e| BenchError::Config(format!("no OS randomness: {e}")))?;
     Ok(seed)
+}
+
+/// A loopback QUIC stack's config, with an invite to `swarm` from `authority`.
+fn stack_config(
+    authority: &Keypair,
+    swarm: &SwarmId,
+    identity: &NetIdentity,
+) -> Result<NetConfig, BenchError> {
+    let now = unix_now();
+    let invite = Invite::issue(
+        authority,
+        &identity.peer_id(),
+        swarm,
+        now.saturating_sub(60),
+        now + 24 * 3600,
+    )
+    .map_err(|e| BenchError::Config(e.to_string()))?;
+    Ok(NetConfig {
+        swarm_id: swarm.to_string(),
+        authority: authority.peer_id().to_string(),
+        invite: invite.encode(),
+        listen_addrs: vec!["/ip4/127.0.0.1/udp/0/quic-v1".to_owned()],
+        ..NetConfig::default()
+    })
+}
+
+/// Starts a stack that dials `receiver` (whose id is `peer`) and waits until both have
+/// verified each other; the stack and its control requests.
+async fn joined_stack(
+    authority: &Keypair,
+    swarm: &SwarmId,
+    receiver: &super::NetHandle,
+    peer: murmur_protocol::identity::PeerId,
+) -> Result<
+    (
+        super::NetHandle,
+        tokio::sync::mpsc::Receiver<super::InboundControl>,
+    ),
+    BenchError,
+> {
+    let identity = NetIdentity::from_seed(random_seed()?);
+    let config = stack_config(authority, swarm, &identity)?;
+    let (sender, inbound) = super::spawn(&config, identity).await?;
+    for addr in receiver.listen_addrs().await? {
+        sender.dial(addr).await?;
+    }
+    sender.wait_ready(&peer).await?;
+    receiver.wait_ready(&sender.local_peer_id()).await?;
+    Ok((sender, inbound.control_requests))
 }
