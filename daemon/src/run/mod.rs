@@ -293,8 +293,9 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
     }
     // An SGP joiner starts with no mass and takes the swarm's through shares; the other
     // modes download the swarm's state.
-    if joining && mode != AveragingMode::Sgp {
-        join_from_swarm(
+    let downloaded = joining
+        && mode != AveragingMode::Sgp
+        && join_from_swarm(
             &mut peer,
             &mut events,
             &mut membership,
@@ -303,8 +304,15 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
             control_limits,
         )
         .await;
-    }
     peer.load_pending_optimizer().await;
+    if downloaded {
+        // What the joiner starts from, as every peer's eval set scores it: the servers'
+        // own evals of the same round's state give the same loss.
+        let (evaluated, loss) = train::evaluate(&mut peer, params).await?;
+        params = evaluated;
+        tracing::info!(eval_loss = loss, "the swarm's state evaluated");
+        peer.record_eval(peer.counters.step, loss);
+    }
 
     // SGP's step is the local step a checkpoint counts too; the round modes' round is the
     // optimizer (or outer) step, which only the swarm's heartbeats tell.
@@ -470,7 +478,8 @@ fn resume(peer: &mut Peer, params: &mut [f32]) -> Option<u64> {
 }
 
 /// Downloads the state of the most advanced peers and starts from it; on failure the peer
-/// starts from what it has (its checkpoint or the initial parameters) and says so.
+/// starts from what it has (its checkpoint or the initial parameters) and says so. Whether
+/// it took the swarm's state.
 async fn join_from_swarm(
     peer: &mut Peer,
     events: &mut tokio::sync::broadcast::Receiver<NetEvent>,
@@ -478,7 +487,7 @@ async fn join_from_swarm(
     clock: &EngineClock,
     params: &mut [f32],
     limits: FrameLimits,
-) {
+) -> bool {
     let mut servers: Vec<(u64, murmur_protocol::identity::PeerId)> = membership
         .peers()
         .map(|p| (membership.news(&p).map_or(0, |n| n.step), p))
@@ -509,7 +518,7 @@ async fn join_from_swarm(
                 error = crate::error_text::describe(&e),
                 "cannot download the swarm's state; starting from local state"
             );
-            return;
+            return false;
         }
     };
     let tensor = snapshot.tensors.iter().find(|t| t.name == "params");
@@ -521,7 +530,11 @@ async fn join_from_swarm(
             params.copy_from_slice(&tensor.data);
             peer.pending_optimizer = checkpointing::optimizer_of(&mut snapshot);
             tracing::info!(step = snapshot.step, "started from the swarm's state");
+            true
         }
-        None => tracing::warn!("the downloaded state is for another swarm or model; ignoring it"),
+        None => {
+            tracing::warn!("the downloaded state is for another swarm or model; ignoring it");
+            false
+        }
     }
 }

@@ -3,11 +3,15 @@
 //!
 //! The most advanced server names the snapshot (its digest and length) with the first
 //! range. Every other server is then asked for ranges of that same snapshot; one that holds
-//! another answers so, and is left out of this snapshot's download. Butterfly members
-//! publish the same bytes at the same rounds (see `StateCell::publish_round`), so a joiner
-//! of such a swarm fetches from all of them. A server that fails or falls silent hands its
-//! ranges back, and the others fetch them; when none that holds the snapshot is left, the
-//! download starts over from the snapshot of one that serves another.
+//! another answers so (once more a second later, since members publish a round's state
+//! moments apart), and is left out of this snapshot's download. Butterfly members publish
+//! the same bytes at the same rounds (see `RoundCadence`), so a joiner of such a swarm
+//! fetches from all of them. A server that fails hands its ranges back, and the others
+//! fetch them; once nothing is left to ask for, a server with room is asked for a range
+//! another has not answered yet too (the first answer counts), so that a server killed
+//! part way, whose requests fail only when they time out, does not hold the end back. When
+//! none that holds the snapshot is left, the download starts over from the snapshot of one
+//! that serves another.
 
 use std::io::Seek as _;
 use std::ops::Range;
@@ -82,6 +86,7 @@ pub(crate) async fn download(
                 anyhow::bail!("the snapshot's digest does not match the one announced");
             }
             let answered = sources.iter().filter(|s| s.ranges > 0).count();
+            let per_server: Vec<u64> = sources.iter().map(|s| s.bytes).collect();
             let bytes = partial.received;
             let fetch = started.elapsed();
             let snapshot = partial.decode(*snapshot_limits).await?;
@@ -90,6 +95,7 @@ pub(crate) async fn download(
             tracing::info!(
                 servers = answered,
                 bytes,
+                ?per_server,
                 took_s,
                 decode_s,
                 "state downloaded"
@@ -133,6 +139,8 @@ struct Source {
     in_flight: usize,
     /// Ranges it answered.
     ranges: u64,
+    /// Bytes of the snapshot taken from its answers.
+    bytes: u64,
     /// It was asked again after saying it serves another snapshot.
     asked_again: bool,
     /// That second asking is under way: nothing else is asked of it meanwhile.
@@ -169,6 +177,7 @@ async fn fetch(
             sizer: RangeSizer::new(net.request_timeout(), now),
             in_flight: 0,
             ranges: 0,
+            bytes: 0,
             asked_again: false,
             waiting: false,
             failed: None,
@@ -182,6 +191,7 @@ async fn fetch(
             match answer.and_then(|frame| take(&frame, &limits, partial, first)) {
                 Ok(got) => {
                     source.ranges += 1;
+                    source.bytes += got;
                     source.sizer.took(got, RANGE_BYTES);
                     break;
                 }
@@ -197,13 +207,17 @@ async fn fetch(
         (index, range, !wait.is_zero(), answer)
     };
     let mut in_flight = FuturesUnordered::new();
+    let mut out = Outstanding::default();
     while !partial.whole() {
         for (index, source) in sources.iter_mut().enumerate() {
             while source.failed.is_none() && !source.waiting && source.in_flight < WINDOW {
                 let size = u64::from(source.sizer.next(Instant::now()));
-                let Some(range) = partial.next_range(size) else {
+                // Nothing left to ask for: ask for a range another server has not answered
+                // yet, so that a dead or slow server does not hold the end back.
+                let Some(range) = partial.next_range(size).or_else(|| out.twin_for(index)) else {
                     break;
                 };
+                out.asked(range.clone(), index);
                 source.in_flight += 1;
                 let (peer, digest) = (source.peer, partial.digest);
                 in_flight.push(ask(index, peer, range, digest, Duration::ZERO));
@@ -216,10 +230,17 @@ async fn fetch(
         let source = &mut sources[index];
         source.in_flight -= 1;
         source.waiting &= !second;
+        if !out.is_out(&range) {
+            // Its twin was answered first.
+            source.ranges += u64::from(answer.is_ok());
+            continue;
+        }
         let asked = range.end - range.start;
         match answer.and_then(|frame| take(&frame, &limits, partial, range.clone())) {
             Ok(got) => {
+                out.answered(&range);
                 source.ranges += 1;
+                source.bytes += got;
                 source
                     .sizer
                     .took(got, u32::try_from(asked).unwrap_or(u32::MAX));
@@ -228,7 +249,11 @@ async fn fetch(
                     partial.give_back(range.start + got..range.end);
                 }
             }
-            Err(Fetch::OtherSnapshot) if source.waiting => partial.give_back(range),
+            Err(Fetch::OtherSnapshot) if source.waiting => {
+                if out.failed(&range) {
+                    partial.give_back(range);
+                }
+            }
             Err(Fetch::OtherSnapshot) if !source.asked_again && source.failed.is_none() => {
                 source.asked_again = true;
                 source.waiting = true;
@@ -237,11 +262,14 @@ async fn fetch(
                 in_flight.push(ask(index, peer, range, digest, OTHER_SNAPSHOT_RETRY));
             }
             Err(e) => {
-                partial.give_back(range);
+                if out.failed(&range) {
+                    partial.give_back(range);
+                }
                 if source.failed.is_none() {
                     if !matches!(e, Fetch::OtherSnapshot) {
-                        let server = source.peer;
-                        tracing::info!(%server, error = %e, "a state range failed; the other servers take this one's ranges");
+                        let (server, fetched) = (source.peer, partial.received);
+                        let total = partial.total.unwrap_or(0);
+                        tracing::info!(%server, fetched, total, error = %e, "a state range failed; the other servers take this one's ranges");
                     }
                     source.failed = Some(e);
                 }
@@ -249,6 +277,72 @@ async fn fetch(
         }
     }
     sources
+}
+
+/// The ranges asked for and not yet answered, each of one server or, at the end of a
+/// download, of two (its twin asked of another server that had nothing left to do).
+#[derive(Debug, Default)]
+struct Outstanding {
+    ranges: Vec<Out>,
+}
+
+#[derive(Debug)]
+struct Out {
+    range: Range<u64>,
+    /// The server first asked.
+    source: usize,
+    /// Servers asked and not yet answered: 1, or 2 once a twin is out.
+    holders: u8,
+    twinned: bool,
+}
+
+impl Outstanding {
+    /// `range` was asked of server `source`: of it alone, or as a twin.
+    fn asked(&mut self, range: Range<u64>, source: usize) {
+        match self.ranges.iter_mut().find(|o| o.range == range) {
+            Some(out) => out.holders += 1,
+            None => self.ranges.push(Out {
+                range,
+                source,
+                holders: 1,
+                twinned: false,
+            }),
+        }
+    }
+
+    /// The range asked longest ago of another server than `source`, not yet twinned.
+    fn twin_for(&mut self, source: usize) -> Option<Range<u64>> {
+        let out = self
+            .ranges
+            .iter_mut()
+            .find(|o| !o.twinned && o.source != source)?;
+        out.twinned = true;
+        Some(out.range.clone())
+    }
+
+    /// Whether `range` is still to be answered.
+    fn is_out(&self, range: &Range<u64>) -> bool {
+        self.ranges.iter().any(|o| o.range == *range)
+    }
+
+    /// `range` was answered: its twin's answer, if one comes, is not needed.
+    fn answered(&mut self, range: &Range<u64>) {
+        self.ranges.retain(|o| o.range != *range);
+    }
+
+    /// A server's asking of `range` failed; whether no other is still asked for it.
+    fn failed(&mut self, range: &Range<u64>) -> bool {
+        let Some(at) = self.ranges.iter().position(|o| o.range == *range) else {
+            return false;
+        };
+        let out = &mut self.ranges[at];
+        out.holders = out.holders.saturating_sub(1);
+        if out.holders == 0 {
+            self.ranges.remove(at);
+            return true;
+        }
+        false
+    }
 }
 
 /// Asks `server` for the bytes `range` of the snapshot `digest` (any, when zero).
@@ -582,6 +676,9 @@ mod tests {
         max_range: u32,
         /// Answers this many requests, then shuts its network down.
         leaves_after: Option<usize>,
+        /// Answers this many requests, then none, though it stays connected (a process
+        /// killed with SIGKILL looks so until its connection times out).
+        silent_after: Option<usize>,
     }
 
     /// A server of the first server's snapshot, in ranges of up to 1 MiB, that stays.
@@ -589,6 +686,7 @@ mod tests {
         same: true,
         max_range: MAX_STATE_RANGE_BYTES,
         leaves_after: None,
+        silent_after: None,
     };
 
     /// Serves a random state of `elements` parameters from one network stack per server
@@ -622,9 +720,25 @@ mod tests {
                 let cell = StateCell::in_dir(dir.path().join(format!("served-{index}")));
                 let state = if server.same { &params } else { &other };
                 cell.publish(&view_of(state)).expect("published");
-                let requests = match server.leaves_after {
-                    None => control,
-                    Some(answers) => {
+                let requests = match (server.leaves_after, server.silent_after) {
+                    (None, Some(answers)) => {
+                        let (forward, requests) = mpsc::channel(WINDOW);
+                        tokio::spawn(async move {
+                            let mut unanswered = Vec::new();
+                            let mut count = 0;
+                            while let Some(request) = control.recv().await {
+                                count += 1;
+                                if count > answers {
+                                    unanswered.push(request);
+                                } else {
+                                    let _ = forward.send(request).await;
+                                }
+                            }
+                        });
+                        requests
+                    }
+                    (None, None) => control,
+                    (Some(answers), _) => {
                         let (forward, requests) = mpsc::channel(WINDOW);
                         let leaving = net.clone();
                         tokio::spawn(async move {
@@ -721,6 +835,22 @@ mod tests {
         let (downloaded, served) = download_from(&[leaving, SAME], 3 << 20);
         assert_eq!(downloaded.servers, 2, "{served:?}");
         assert!(served[0] <= 2 && served[1] > 2, "{served:?}");
+    }
+
+    /// A server that falls silent part way, still connected, holds the end of the
+    /// download back no longer than the other takes to answer its ranges too: not until
+    /// its requests time out (10 s).
+    #[test]
+    fn a_server_that_falls_silent_does_not_hold_the_end_back() {
+        let silent = TestServer {
+            silent_after: Some(3),
+            ..SAME
+        };
+        let started = Instant::now();
+        let (downloaded, served) = download_from(&[SAME, silent], 3 << 20);
+        let took = started.elapsed();
+        assert_eq!(downloaded.servers, 2, "{served:?}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
     }
 
     /// A server of another snapshot is left out of the download, which the first one
