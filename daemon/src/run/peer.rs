@@ -384,7 +384,7 @@ impl Peer {
             let published = self.publish_state(params);
             self.state_skipped = published.is_none();
             match published {
-                Some(Ok(())) => {}
+                Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     tracing::warn!(
                         error = crate::error_text::describe(&e),
@@ -429,14 +429,12 @@ impl Peer {
             samples: step.saturating_mul(self.settings.task.data.batch_size as u64),
             ..self.state_meta()
         };
-        let started = std::time::Instant::now();
         match try_with_state_view(&meta, params, &self.optimizer, |view| {
             self.state.publish(view)
         }) {
-            Some(Ok(())) => {
+            Some(Ok(took)) => {
                 let now = std::time::Instant::now();
-                self.round_cadence
-                    .published(optimizer_steps, now, now - started);
+                self.round_cadence.published(optimizer_steps, now, took);
             }
             Some(Err(e)) => tracing::warn!(
                 error = crate::error_text::describe(&e),
@@ -450,7 +448,7 @@ impl Peer {
     /// vectors without a copy of them; `None`, and nothing done, while a checkpoint holds the
     /// optimizer's state (the refresh stays due, and is tried again at the next step): the
     /// run loop does not wait seconds for a large write to end.
-    fn publish_state(&self, params: &[f32]) -> Option<anyhow::Result<()>> {
+    fn publish_state(&self, params: &[f32]) -> Option<anyhow::Result<Duration>> {
         try_with_state_view(&self.state_meta(), params, &self.optimizer, |view| {
             self.state.publish(view)
         })

@@ -66,12 +66,8 @@ pub(crate) async fn train(
                 else {
                     anyhow::bail!("the trainer answered engine work with something else");
                 };
-                account(peer, &mut state, &done, loss, eval_loss, learning_rate);
-                if let (WorkDone::Applied { params, .. }, Some(steps)) = (&done, optimizer_steps)
-                    && peer.settings.mode() == AveragingMode::Butterfly
-                {
-                    peer.publish_round(params, state.applying_step, steps);
-                }
+                let answer = Answer { loss, eval_loss, learning_rate, optimizer_steps };
+                account(peer, &mut state, &done, answer);
                 // The budget is checked before the answer goes back, so that the engine
                 // knows to stop before it asks for another step.
                 let budget = peer.settings.steps;
@@ -148,15 +144,23 @@ fn submit(peer: &mut Peer, state: &mut Loop, work: Work) -> anyhow::Result<()> {
     peer.worker.submit(Job::Engine { work, eval })
 }
 
-/// Counts a finished step, records its losses, and checkpoints on schedule.
-fn account(
-    peer: &mut Peer,
-    state: &mut Loop,
-    done: &WorkDone,
+/// What the trainer reported with its answer to engine work.
+struct Answer {
     loss: Option<f32>,
     eval_loss: Option<f32>,
     learning_rate: Option<f32>,
-) {
+    optimizer_steps: Option<u64>,
+}
+
+/// Counts a finished step, records its losses, checkpoints on schedule, and (butterfly)
+/// publishes the state a round's update left.
+fn account(peer: &mut Peer, state: &mut Loop, done: &WorkDone, answer: Answer) {
+    let Answer {
+        loss,
+        eval_loss,
+        learning_rate,
+        optimizer_steps,
+    } = answer;
     if let Some(lr) = learning_rate {
         peer.learning_rate = lr;
     }
@@ -181,7 +185,13 @@ fn account(
             }
             peer.maybe_checkpoint(params);
         }
-        WorkDone::Applied { .. } => {}
+        WorkDone::Applied { params, .. } => {
+            if let Some(steps) = optimizer_steps
+                && peer.settings.mode() == AveragingMode::Butterfly
+            {
+                peer.publish_round(params, state.applying_step, steps);
+            }
+        }
     }
     if let Some(loss) = eval_loss {
         let step = peer.counters.step;

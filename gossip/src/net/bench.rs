@@ -210,15 +210,7 @@ impl Libp2pPair {
     /// Starts one more stack, invited as the other two are, that dials the receiver; it
     /// and the receiver have verified each other when this returns. Its control requests
     /// come with it (its tensor streams go unread).
-    pub async fn another_sender(
-        &self,
-    ) -> Result<
-        (
-            super::NetHandle,
-            tokio::sync::mpsc::Receiver<super::InboundControl>,
-        ),
-        BenchError,
-    > {
+    pub async fn another_sender(&self) -> Result<JoinedStack, BenchError> {
         joined_stack(
             &self.authority,
             &self.swarm,
@@ -455,6 +447,12 @@ fn random_seed() -> Result<[u8; SECRET_SEED_LEN], BenchError> {
     Ok(seed)
 }
 
+/// A stack that joined the receiver, and the control requests it receives.
+pub type JoinedStack = (
+    super::NetHandle,
+    tokio::sync::mpsc::Receiver<super::InboundControl>,
+);
+
 /// A loopback QUIC stack's config, with an invite to `swarm` from `authority`.
 fn stack_config(
     authority: &Keypair,
@@ -486,13 +484,7 @@ async fn joined_stack(
     swarm: &SwarmId,
     receiver: &super::NetHandle,
     peer: murmur_protocol::identity::PeerId,
-) -> Result<
-    (
-        super::NetHandle,
-        tokio::sync::mpsc::Receiver<super::InboundControl>,
-    ),
-    BenchError,
-> {
+) -> Result<JoinedStack, BenchError> {
     let identity = NetIdentity::from_seed(random_seed()?);
     let config = stack_config(authority, swarm, &identity)?;
     let (sender, inbound) = super::spawn(&config, identity).await?;

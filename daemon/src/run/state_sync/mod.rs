@@ -104,14 +104,15 @@ impl StateCell {
     }
 
     /// Replaces the served snapshot; the previous one stays available for downloads that
-    /// started from it.
-    pub(crate) fn publish(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<()> {
+    /// started from it. How long encoding and writing it took.
+    pub(crate) fn publish(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<Duration> {
         let started = Instant::now();
         let result = self.replace(snapshot);
+        let took = started.elapsed();
         if let Ok(mut last) = self.last_refresh.lock() {
-            *last = Some((Instant::now(), started.elapsed()));
+            *last = Some((Instant::now(), took));
         }
-        result
+        result.map(|()| took)
     }
 
     fn replace(&self, snapshot: &SnapshotView<'_>) -> anyhow::Result<()> {
