@@ -345,3 +345,74 @@ fn with_keep_1_a_corrupt_newest_file_loses_nothing_across_kill_9() {
     );
     restarted.kill_hard();
 }
+
+/// The optimizer's step count in a checkpoint, and one of its slots.
+fn optimizer_of(snapshot: &murmur_protocol::snapshot::Snapshot, slot: &str) -> (u64, Vec<f32>) {
+    let tensor = |name: &str| {
+        snapshot
+            .tensors
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("checkpoint {} holds no {name}", snapshot.step))
+    };
+    let steps = &tensor("optimizer.steps_taken").data;
+    let steps = steps[0] as u64 | (steps[1] as u64) << 24;
+    (
+        steps,
+        tensor(&format!("optimizer.slot.{slot}")).data.clone(),
+    )
+}
+
+/// Every checkpoint holds the optimizer's state of its own step (AdamW's moments after as
+/// many optimizer steps as the peer took), also between the steps where the trainer used
+/// to share it (every 10); and a restart loads that state.
+#[test]
+fn a_checkpoint_holds_the_optimizer_state_of_its_step_and_a_restart_loads_it() {
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let dir = swarm.add_peer("solo");
+    let settings = PeerSettings {
+        steps: 21,
+        checkpoint_every_steps: 7,
+        checkpoint_keep: 10,
+        ..PeerSettings::default()
+    };
+    dir.write_config(&settings);
+    let mut peer = dir.start();
+    let status = peer.wait_exit(RUN_PATIENCE);
+    assert!(status.success(), "the run failed: {status}\n{}", peer.log());
+    let mut moments = Vec::new();
+    for step in [7, 14, 21] {
+        let (path, _) = checkpoint_file(&dir, step);
+        let snapshot = decode_checkpoint(&path).unwrap_or_else(|e| panic!("{e}"));
+        let (steps, exp_avg) = optimizer_of(&snapshot, "exp_avg");
+        assert_eq!(steps, step, "checkpoint {step}'s optimizer step count");
+        assert!(
+            exp_avg.iter().any(|&m| m != 0.0),
+            "checkpoint {step}'s first moment is all zero"
+        );
+        moments.push(exp_avg);
+    }
+    assert_ne!(
+        moments[0], moments[1],
+        "the moments did not change from step 7 to 14"
+    );
+
+    dir.write_config(&PeerSettings {
+        steps: 28,
+        ..settings
+    });
+    let mut peer = dir.start();
+    let status = peer.wait_exit(RUN_PATIENCE);
+    assert!(
+        status.success(),
+        "the restart failed: {status}\n{}",
+        peer.log()
+    );
+    let log = peer.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("optimizer state loaded") && l.contains("steps=21")),
+        "the restart did not load the optimizer's state of step 21:\n{log}"
+    );
+}

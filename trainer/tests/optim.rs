@@ -198,6 +198,54 @@ fn state_round_trips_and_rejects_wrong_lengths() {
     ));
 }
 
+/// State kept outside the optimizer and lent to it for each step steps exactly like state
+/// it keeps itself; without it lent, a step is refused rather than taken on no state.
+#[test]
+fn state_lent_for_each_step_steps_like_state_kept_inside() {
+    let layout = layout(&[("w", 2, true)]);
+    let config = OptimizerConfig::AdamW {
+        beta1: 0.9,
+        beta2: 0.99,
+        eps: 1e-8,
+        weight_decay: 0.1,
+    };
+    let mut inside = Optimizer::new(config, &layout).unwrap();
+    let mut lent = Optimizer::new(config, &layout).unwrap();
+    let mut kept: Vec<Vec<f32>> = vec![Vec::new(); 2];
+    lent.exchange_slots(kept.iter_mut()).unwrap();
+    assert!(lent.slots().iter().all(Vec::is_empty));
+    let err = lent.step(&mut [1.0, 2.0], &[0.1, 0.1], 0.05).unwrap_err();
+    assert!(matches!(err, TrainerError::BufferLength { .. }));
+
+    let (mut p_inside, mut p_lent) = ([1.0f32, 2.0], [1.0f32, 2.0]);
+    for g in [[0.1, -0.2], [0.3, 0.0], [-0.5, 0.4]] {
+        inside.step(&mut p_inside, &g, 0.05).unwrap();
+        lent.exchange_slots(kept.iter_mut()).unwrap();
+        lent.step(&mut p_lent, &g, 0.05).unwrap();
+        lent.exchange_slots(kept.iter_mut()).unwrap();
+    }
+    assert_eq!(p_inside, p_lent);
+    assert_eq!(kept, inside.slots());
+
+    // A restarted optimizer given the kept state and step count goes on the same way.
+    let mut restarted = Optimizer::new(config, &layout).unwrap();
+    restarted.set_steps_taken(lent.steps_taken());
+    restarted.exchange_slots(kept.iter_mut()).unwrap();
+    inside.step(&mut p_inside, &[0.2, 0.2], 0.05).unwrap();
+    restarted.step(&mut p_lent, &[0.2, 0.2], 0.05).unwrap();
+    assert_eq!(p_inside, p_lent);
+
+    let err = lent.exchange_slots(kept.iter_mut().take(1)).unwrap_err();
+    assert!(matches!(
+        err,
+        TrainerError::BufferLength {
+            expected: 2,
+            actual: 1,
+            ..
+        }
+    ));
+}
+
 #[test]
 fn hyperparameters_out_of_range_name_their_key() {
     let layout = layout(&[("w", 1, true)]);

@@ -1,13 +1,19 @@
 //! Checkpoints written beside training. At a checkpoint step the parameters are copied and
-//! a thread encodes and writes them, with the optimizer's state as the trainer last shared
-//! it, while the trainer steps on: at GPT-2 small's size with AdamW a checkpoint is 1.3 GB
-//! of zstd and took training 14 s to wait for on a GPU host when it was written inline.
+//! a thread encodes and writes them with the optimizer's state, while the trainer computes
+//! its next gradient: at GPT-2 small's size with AdamW a checkpoint is 1.3 GB of zstd and
+//! took training 14 s to wait for on a GPU host when it was written inline.
+//!
+//! The optimizer's state is not copied (it is twice the model with AdamW): the thread holds
+//! it from the checkpoint step until it is written, so the trainer's next optimizer step
+//! waits for the write to end when its gradient is ready sooner.
 //!
 //! One checkpoint is written at a time: the next one, and the last one at exit, wait for the
 //! one before. The cost is the copy: the model's f32 bytes, held while the write lasts.
 
 use std::path::PathBuf;
+use std::sync::MutexGuard;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use murmur_protocol::snapshot::Snapshot;
@@ -16,6 +22,10 @@ use murmur_protocol::snapshot_file::{SnapshotView, TensorView};
 use super::worker::{OptimizerState, SharedOptimizer};
 use crate::checkpoint::{CheckpointStore, SetAside};
 use crate::observe::Metrics;
+
+/// How long starting a checkpoint waits for its thread to hold the optimizer's state (the
+/// trainer is idle when one starts, so this is the thread's start).
+const HOLD_WAIT: Duration = Duration::from_secs(2);
 
 /// Snapshot tensor holding the optimizer's step count.
 const STEPS_TENSOR: &str = "optimizer.steps_taken";
@@ -48,16 +58,20 @@ pub(crate) struct CheckpointWriter {
 
 impl CheckpointWriter {
     /// Writes a checkpoint of `params` on a thread of its own, once the one before it is
-    /// written.
+    /// written. Call it while the trainer is idle: it returns once the thread holds the
+    /// optimizer's state, which then stays as it is at `params` until written.
     pub(crate) fn start(&mut self, target: &CheckpointTarget, meta: StateMeta, params: &[f32]) {
         self.wait();
         let target = target.clone();
         let params = params.to_vec();
+        let (held_tx, held) = std::sync::mpsc::sync_channel(1);
         let spawned = std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
-                // Counted in `write`; training goes on, and the next one may succeed.
-                if let Err(e) = write(&target, &meta, &params) {
+                let optimizer = hold(&target.optimizer);
+                let _ = held_tx.send(());
+                // Counted in `write_held`; training goes on, and the next one may succeed.
+                if let Err(e) = write_held(&target, &meta, &params, optimizer) {
                     tracing::warn!(
                         error = crate::error_text::describe(&e),
                         "checkpoint not written"
@@ -65,7 +79,15 @@ impl CheckpointWriter {
                 }
             });
         match spawned {
-            Ok(handle) => self.running = Some(handle),
+            Ok(handle) => {
+                if held.recv_timeout(HOLD_WAIT).is_err() {
+                    tracing::warn!(
+                        "the checkpoint did not take the optimizer's state at once; it may \
+                         hold a later step's"
+                    );
+                }
+                self.running = Some(handle);
+            }
             Err(e) => tracing::warn!(error = %e, "checkpoint not written: no thread for it"),
         }
     }
@@ -87,12 +109,25 @@ pub(crate) fn write(
     meta: &StateMeta,
     params: &[f32],
 ) -> anyhow::Result<()> {
+    write_held(target, meta, params, hold(&target.optimizer))
+}
+
+/// The optimizer's state, held; `None` if a panic poisoned it.
+fn hold(optimizer: &SharedOptimizer) -> Option<MutexGuard<'_, OptimizerState>> {
+    optimizer.lock().ok()
+}
+
+/// [`write()`] with the optimizer's state already held (and held until written).
+fn write_held(
+    target: &CheckpointTarget,
+    meta: &StateMeta,
+    params: &[f32],
+    optimizer: Option<MutexGuard<'_, OptimizerState>>,
+) -> anyhow::Result<()> {
     let written = CheckpointStore::open(&target.dir, target.keep)
         .context("cannot open the checkpoint folder")
         .and_then(|store| {
-            // The optimizer's shared state stays locked while it is written; the trainer
-            // skips sharing meanwhile (see `Worker::share_optimizer`).
-            with_state_view(meta, params, &target.optimizer, |view| {
+            view_with(meta, params, optimizer.as_deref(), |view| {
                 store.write(view).context("cannot write the checkpoint")
             })
         });
@@ -117,21 +152,10 @@ pub(crate) fn report_set_aside(metrics: &Metrics, files: &[SetAside]) {
 }
 
 /// Calls `use_view` with the state at `params`, borrowed, as checkpoints and joiners
-/// receive it: the parameters and the optimizer's state as the trainer last shared it,
-/// locked for the call.
-pub(crate) fn with_state_view<R>(
-    meta: &StateMeta,
-    params: &[f32],
-    optimizer: &SharedOptimizer,
-    use_view: impl FnOnce(&SnapshotView<'_>) -> R,
-) -> R {
-    let optimizer = optimizer.lock().ok();
-    view_with(meta, params, optimizer.as_deref(), use_view)
-}
-
-/// [`with_state_view`], unless the optimizer's shared state is held elsewhere (a checkpoint
-/// being written beside training, the trainer storing its slots): then `None` at once,
-/// rather than waiting for it on the caller's task.
+/// receive it: the parameters and the optimizer's state, locked for the call. `None` at
+/// once, and nothing called, while the optimizer's state is held elsewhere (a checkpoint
+/// being written beside training, the trainer stepping), rather than waiting for it on the
+/// caller's task.
 pub(crate) fn try_with_state_view<R>(
     meta: &StateMeta,
     params: &[f32],
@@ -234,7 +258,7 @@ pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
 
     use super::*;
 
@@ -269,11 +293,11 @@ mod tests {
         );
     }
 
-    /// The trainer stepped on while a 1.5 GB checkpoint was written: here the optimizer's
-    /// shared state is held elsewhere, so the write cannot finish, and starting it must not
-    /// wait for it. Once the state is free the write lands, with the optimizer's slots.
+    /// A checkpoint takes the optimizer's state before `start` returns and holds it until
+    /// written: the trainer's next step, which changes the state, waits for the write, and
+    /// the checkpoint holds the state of the step it was started at.
     #[test]
-    fn a_checkpoint_is_written_beside_the_caller_and_the_next_waits_for_it() {
+    fn a_checkpoint_holds_the_optimizer_state_of_its_step_until_written() {
         let dir = tempfile::tempdir().unwrap();
         let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
             steps_taken: 10,
@@ -286,24 +310,38 @@ mod tests {
             metrics: Metrics::disabled(),
         };
         let mut writer = CheckpointWriter::default();
-        let held = optimizer.lock().unwrap();
         let started = Instant::now();
         writer.start(&target, meta(10), &[1.0; 64]);
         assert!(
-            started.elapsed() < Duration::from_secs(1),
-            "start waited for the write"
+            started.elapsed() < HOLD_WAIT,
+            "start waited for its thread to hold the state"
         );
-        let store = CheckpointStore::open(dir.path(), 3).unwrap();
         assert!(
-            store.latest_valid().unwrap().found.is_none(),
-            "written while held"
+            optimizer.try_lock().is_err(),
+            "the checkpoint does not hold the state"
         );
-        drop(held);
-        writer.wait();
+        // The trainer's next optimizer step: it gets the state once the write is done.
+        {
+            let mut state = optimizer.lock().unwrap();
+            state.steps_taken = 11;
+            state.slots[0].1.fill(9.0);
+        }
+        let store = CheckpointStore::open(dir.path(), 3).unwrap();
         let (_, snapshot) = store.latest_valid().unwrap().found.expect("written");
         assert_eq!(snapshot.step, 10);
         let names: Vec<&str> = snapshot.tensors.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["params", STEPS_TENSOR, "optimizer.slot.m"]);
+        assert_eq!(
+            snapshot.tensors[1].data,
+            [10.0, 0.0],
+            "the step count at the start"
+        );
+        assert_eq!(
+            snapshot.tensors[2].data,
+            vec![0.5; 64],
+            "the moments at the start"
+        );
+        writer.wait();
 
         // The next one starts once the one before is written; both are kept.
         writer.start(&target, meta(20), &[2.0; 64]);

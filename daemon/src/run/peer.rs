@@ -154,7 +154,7 @@ pub(crate) struct Peer {
     pub(crate) state_skipped: bool,
     /// When a butterfly member publishes its state (after rounds, not steps).
     pub(crate) round_cadence: RoundCadence,
-    /// The optimizer's state as the trainer last shared it.
+    /// The optimizer's state, which the trainer holds only while it steps.
     pub(crate) optimizer: SharedOptimizer,
     /// Optimizer state found in a checkpoint or a download, to load before training.
     pub(crate) pending_optimizer: Option<OptimizerState>,
@@ -417,10 +417,10 @@ impl Peer {
             .try_lock()
             .is_ok_and(|shared| shared.steps_taken == optimizer_steps);
         if !fresh {
-            // A checkpoint held the optimizer's state when the trainer went to share it.
+            // A checkpoint being written holds the optimizer's state.
             tracing::debug!(
                 optimizer_steps,
-                "state snapshot not refreshed: the optimizer's state shared is older"
+                "state snapshot not refreshed: the optimizer's state is held"
             );
             return;
         }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use murmur_gossip::engine::{Work, WorkDone};
-use murmur_trainer::{Batch, DataShape, Task};
+use murmur_trainer::{Batch, DataShape, Optimizer, Task};
 
 use super::device::DeviceWatch;
 use super::fault::Fault;
@@ -35,14 +35,17 @@ pub(crate) struct OptimizerState {
     pub(crate) slots: Vec<(String, Vec<f32>)>,
 }
 
-/// The optimizer state as of the last refresh, shared with the run loop (for checkpoints
-/// and state sync). The trainer copies into it after the first optimizer step and every
-/// [`OPTIMIZER_SHARE_EVERY`] after it, reusing its buffers, unless a checkpoint being written holds it: then that
-/// refresh is skipped rather than waited for.
+/// The optimizer's state, its only copy (at GPT-2 small's size AdamW's two moments are
+/// 1 GB), shared with the run loop for checkpoints and the state served to joiners. The
+/// trainer holds it only while it takes an optimizer step, and lends it to the optimizer
+/// for that step ([`Optimizer::exchange_slots`]); between steps the run loop reads it. A
+/// checkpoint being written holds it until written, and the trainer's next optimizer step
+/// waits for that.
 pub(crate) type SharedOptimizer = Arc<Mutex<OptimizerState>>;
 
-/// Optimizer steps between refreshes of the shared optimizer state.
-pub(crate) const OPTIMIZER_SHARE_EVERY: u64 = 10;
+/// An optimizer step that waited longer than this for the optimizer's state (a checkpoint
+/// being written) is logged.
+const LONG_WAIT: Duration = Duration::from_secs(1);
 
 /// A finished job, with its buffers.
 #[derive(Debug)]
@@ -113,6 +116,8 @@ impl Worker {
         fault: Option<Fault>,
         watch: DeviceWatch,
     ) -> anyhow::Result<Worker> {
+        let mut task = task;
+        hand_over_state(&mut task.optimizer, &shared)?;
         let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel::<Job>(1);
         let (done_tx, done_rx) = mpsc::channel(1);
         let thread = std::thread::Builder::new()
@@ -170,6 +175,54 @@ impl Drop for Worker {
     }
 }
 
+/// Moves the optimizer's state slots (fresh, all zero) into `shared`, where they live from
+/// then on.
+fn hand_over_state(optimizer: &mut Optimizer, shared: &SharedOptimizer) -> anyhow::Result<()> {
+    let mut shared = lock(shared);
+    let names = optimizer.slot_names();
+    shared.steps_taken = optimizer.steps_taken();
+    shared.slots = names
+        .iter()
+        .map(|n| ((*n).to_owned(), Vec::new()))
+        .collect();
+    optimizer
+        .exchange_slots(shared.slots.iter_mut().map(|s| &mut s.1))
+        .context("handing the optimizer's state over")
+}
+
+/// Locks the optimizer's state. A panic while it was held (a checkpoint thread reading it)
+/// left it as it was, so a poisoned lock is taken as it is.
+fn lock(shared: &SharedOptimizer) -> std::sync::MutexGuard<'_, OptimizerState> {
+    shared
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One optimizer step on `params` along `grad`, with the state in `shared` lent to the
+/// optimizer for it.
+fn optimizer_step(
+    optimizer: &mut Optimizer,
+    shared: &SharedOptimizer,
+    params: &mut [f32],
+    grad: &[f32],
+    lr: f32,
+) -> anyhow::Result<()> {
+    let asked = Instant::now();
+    let mut state = lock(shared);
+    let waited = asked.elapsed();
+    if waited >= LONG_WAIT {
+        tracing::info!(
+            waited_s = waited.as_secs_f64(),
+            "the optimizer step waited for a checkpoint being written"
+        );
+    }
+    optimizer.exchange_slots(state.slots.iter_mut().map(|s| &mut s.1))?;
+    let stepped = optimizer.step(params, grad, lr);
+    optimizer.exchange_slots(state.slots.iter_mut().map(|s| &mut s.1))?;
+    state.steps_taken = optimizer.steps_taken();
+    Ok(stepped?)
+}
+
 struct WorkerState {
     task: Task,
     batch: Batch,
@@ -207,29 +260,6 @@ impl WorkerState {
         }
     }
 
-    /// Copies the optimizer's state into the shared cell when a refresh is due and no
-    /// checkpoint is being written from it.
-    fn share_optimizer(&self) {
-        let optimizer = &self.task.optimizer;
-        let steps = optimizer.steps_taken();
-        if steps != 1 && !steps.is_multiple_of(OPTIMIZER_SHARE_EVERY) {
-            return;
-        }
-        let Ok(mut shared) = self.shared.try_lock() else {
-            return;
-        };
-        shared.steps_taken = steps;
-        let names = optimizer.slot_names();
-        shared.slots.resize_with(names.len(), Default::default);
-        for ((slot, values), name) in shared.slots.iter_mut().zip(optimizer.slots()).zip(names) {
-            if slot.0 != *name {
-                slot.0 = (*name).to_owned();
-            }
-            slot.1.clear();
-            slot.1.extend_from_slice(values);
-        }
-    }
-
     /// Samples in the batch just drawn.
     fn samples(&self) -> u64 {
         self.batch.rows as u64
@@ -259,10 +289,19 @@ impl WorkerState {
                     same_slots,
                     "the saved optimizer state is for another optimizer"
                 );
-                let slots: Vec<&[f32]> = state.slots.iter().map(|s| s.1.as_slice()).collect();
-                optimizer
-                    .load_state(state.steps_taken, &slots)
-                    .context("loading the optimizer state")?;
+                let len = self.grad.len();
+                if let Some((name, slot)) = state.slots.iter().find(|s| s.1.len() != len) {
+                    anyhow::bail!(
+                        "the saved optimizer state's {name} holds {} values, the model {len}",
+                        slot.len()
+                    );
+                }
+                // The loaded vectors become the state: no copy of a state several times
+                // the model's size.
+                let mut shared = lock(&self.shared);
+                shared.slots = state.slots;
+                shared.steps_taken = state.steps_taken;
+                optimizer.set_steps_taken(state.steps_taken);
                 Ok(Done::OptimizerLoaded)
             }
         }
@@ -291,10 +330,14 @@ impl WorkerState {
                     .context("local step")?;
                 self.watch.passes_took(passes.elapsed());
                 let lr = task.schedule.lr(step, swarm_batch);
-                task.optimizer
-                    .step(&mut params, &self.grad, lr)
-                    .context("local step")?;
-                self.share_optimizer();
+                optimizer_step(
+                    &mut task.optimizer,
+                    &self.shared,
+                    &mut params,
+                    &self.grad,
+                    lr,
+                )
+                .context("local step")?;
                 self.stretch(started.elapsed());
                 let took = started.elapsed();
                 let eval_loss = self.eval_if(eval, &params)?;
@@ -344,11 +387,14 @@ impl WorkerState {
                 swarm_batch,
             } => {
                 let lr = self.task.schedule.lr(step, swarm_batch);
-                self.task
-                    .optimizer
-                    .step(&mut params, &grad, lr)
-                    .context("optimizer step")?;
-                self.share_optimizer();
+                optimizer_step(
+                    &mut self.task.optimizer,
+                    &self.shared,
+                    &mut params,
+                    &grad,
+                    lr,
+                )
+                .context("optimizer step")?;
                 let eval_loss = self.eval_if(eval, &params)?;
                 Ok(Done::Engine {
                     done: WorkDone::Applied { params, grad },

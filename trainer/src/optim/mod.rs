@@ -289,6 +289,26 @@ impl Optimizer {
         &self.trust_ratios
     }
 
+    /// Swaps the state slots with `others`, one vector each, in [`Optimizer::slots`]'s order:
+    /// a caller can keep the state between steps and lend it to the optimizer for a step,
+    /// without a copy. Nothing changes when the counts differ.
+    pub fn exchange_slots<'a>(
+        &mut self,
+        others: impl ExactSizeIterator<Item = &'a mut Vec<f32>>,
+    ) -> Result<(), TrainerError> {
+        TrainerError::check_len("optimizer slots", self.slots.len(), others.len())?;
+        for (own, other) in self.slots.iter_mut().zip(others) {
+            std::mem::swap(own, other);
+        }
+        Ok(())
+    }
+
+    /// Sets the step count (Adam's bias correction goes on from it), for state loaded into
+    /// slots the caller keeps (see [`Optimizer::exchange_slots`]).
+    pub fn set_steps_taken(&mut self, steps_taken: u64) {
+        self.steps = steps_taken;
+    }
+
     /// Replaces the state with a checkpointed or transferred one.
     pub fn load_state(&mut self, steps_taken: u64, slots: &[&[f32]]) -> Result<(), TrainerError> {
         TrainerError::check_len("optimizer slots", self.slots.len(), slots.len())?;

@@ -42,8 +42,6 @@ use murmur_protocol::snapshot::SNAPSHOT_HEADER_LEN;
 use murmur_protocol::snapshot_file::SnapshotView;
 use tokio::sync::mpsc;
 
-use super::worker::OPTIMIZER_SHARE_EVERY;
-
 mod download;
 
 pub(crate) use download::download;
@@ -144,9 +142,13 @@ impl StateCell {
     }
 }
 
+/// A butterfly member publishes at optimizer step counts that are multiples of this times
+/// a power of two ([`RoundCadence`]).
+const PUBLISH_UNIT: u64 = 10;
+
 /// When a butterfly member publishes its state: after the update of its first round, then
 /// after every update that brings the optimizer's step count to a multiple of
-/// `OPTIMIZER_SHARE_EVERY × 2^k`, the power chosen so that encoding takes about 1/20 of the
+/// `PUBLISH_UNIT × 2^k`, the power chosen so that encoding takes about 1/20 of the
 /// wall time, as [`REFRESH_WAIT_FACTOR`] has it for the other modes. Members of a round hold
 /// the same parameters and optimizer state after its update (the learning rate follows the
 /// round, not the member's own steps), and a multiple of a larger power is a multiple of
@@ -163,7 +165,7 @@ pub(crate) struct RoundCadence {
 impl Default for RoundCadence {
     fn default() -> Self {
         RoundCadence {
-            every: OPTIMIZER_SHARE_EVERY,
+            every: PUBLISH_UNIT,
             last: None,
         }
     }
@@ -186,10 +188,8 @@ impl RoundCadence {
         {
             let per_step = now.duration_since(at).as_secs_f64() / (steps - last) as f64;
             let wanted = took.as_secs_f64() * f64::from(REFRESH_WAIT_FACTOR) / per_step.max(1e-9);
-            let units = (wanted / OPTIMIZER_SHARE_EVERY as f64)
-                .ceil()
-                .clamp(1.0, 1e9) as u64;
-            self.every = OPTIMIZER_SHARE_EVERY * units.next_power_of_two();
+            let units = (wanted / PUBLISH_UNIT as f64).ceil().clamp(1.0, 1e9) as u64;
+            self.every = PUBLISH_UNIT * units.next_power_of_two();
         }
         self.last = Some((steps, now));
     }
