@@ -3,17 +3,16 @@
 //! its next gradient: at GPT-2 small's size with AdamW a checkpoint is 1.3 GB of zstd and
 //! took training 14 s to wait for on a GPU host when it was written inline.
 //!
-//! The optimizer's state is not copied (it is twice the model with AdamW): the thread holds
-//! it from the checkpoint step until it is written, so the trainer's next optimizer step
-//! waits for the write to end when its gradient is ready sooner.
+//! The optimizer's state (twice the model with AdamW) is not copied for it: the thread
+//! writes the slots the trainer held at the checkpoint step, shared ([`OptimizerState`]),
+//! and the trainer copies them only if it steps again before the write ends.
 //!
 //! One checkpoint is written at a time: the next one, and the last one at exit, wait for the
 //! one before. The cost is the copy: the model's f32 bytes, held while the write lasts.
 
 use std::path::PathBuf;
-use std::sync::MutexGuard;
+use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use murmur_protocol::snapshot::Snapshot;
@@ -22,10 +21,6 @@ use murmur_protocol::snapshot_file::{SnapshotView, TensorView};
 use super::worker::{OptimizerState, SharedOptimizer};
 use crate::checkpoint::{CheckpointStore, SetAside};
 use crate::observe::Metrics;
-
-/// How long starting a checkpoint waits for its thread to hold the optimizer's state (the
-/// trainer is idle when one starts, so this is the thread's start).
-const HOLD_WAIT: Duration = Duration::from_secs(2);
 
 /// Snapshot tensor holding the optimizer's step count.
 const STEPS_TENSOR: &str = "optimizer.steps_taken";
@@ -58,20 +53,18 @@ pub(crate) struct CheckpointWriter {
 
 impl CheckpointWriter {
     /// Writes a checkpoint of `params` on a thread of its own, once the one before it is
-    /// written. Call it while the trainer is idle: it returns once the thread holds the
-    /// optimizer's state, which then stays as it is at `params` until written.
+    /// written, with the optimizer's state as it is now (call it while the trainer is
+    /// idle, so that both are of the same step).
     pub(crate) fn start(&mut self, target: &CheckpointTarget, meta: StateMeta, params: &[f32]) {
         self.wait();
         let target = target.clone();
         let params = params.to_vec();
-        let (held_tx, held) = std::sync::mpsc::sync_channel(1);
+        let optimizer = shared_state(&target.optimizer);
         let spawned = std::thread::Builder::new()
             .name("checkpoint".into())
             .spawn(move || {
-                let optimizer = hold(&target.optimizer);
-                let _ = held_tx.send(());
-                // Counted in `write_held`; training goes on, and the next one may succeed.
-                if let Err(e) = write_held(&target, &meta, &params, optimizer) {
+                // Counted in `write_state`; training goes on, and the next one may succeed.
+                if let Err(e) = write_state(&target, &meta, &params, optimizer.as_ref()) {
                     tracing::warn!(
                         error = crate::error_text::describe(&e),
                         "checkpoint not written"
@@ -79,15 +72,7 @@ impl CheckpointWriter {
                 }
             });
         match spawned {
-            Ok(handle) => {
-                if held.recv_timeout(HOLD_WAIT).is_err() {
-                    tracing::warn!(
-                        "the checkpoint did not take the optimizer's state at once; it may \
-                         hold a later step's"
-                    );
-                }
-                self.running = Some(handle);
-            }
+            Ok(handle) => self.running = Some(handle),
             Err(e) => tracing::warn!(error = %e, "checkpoint not written: no thread for it"),
         }
     }
@@ -109,25 +94,30 @@ pub(crate) fn write(
     meta: &StateMeta,
     params: &[f32],
 ) -> anyhow::Result<()> {
-    write_held(target, meta, params, hold(&target.optimizer))
+    write_state(
+        target,
+        meta,
+        params,
+        shared_state(&target.optimizer).as_ref(),
+    )
 }
 
-/// The optimizer's state, held; `None` if a panic poisoned it.
-fn hold(optimizer: &SharedOptimizer) -> Option<MutexGuard<'_, OptimizerState>> {
-    optimizer.lock().ok()
+/// The optimizer's state, its slots shared, not copied; `None` if a panic poisoned it.
+fn shared_state(optimizer: &SharedOptimizer) -> Option<OptimizerState> {
+    optimizer.lock().ok().map(|state| state.clone())
 }
 
-/// [`write()`] with the optimizer's state already held (and held until written).
-fn write_held(
+/// [`write()`] with the optimizer's state `optimizer`.
+fn write_state(
     target: &CheckpointTarget,
     meta: &StateMeta,
     params: &[f32],
-    optimizer: Option<MutexGuard<'_, OptimizerState>>,
+    optimizer: Option<&OptimizerState>,
 ) -> anyhow::Result<()> {
     let written = CheckpointStore::open(&target.dir, target.keep)
         .context("cannot open the checkpoint folder")
         .and_then(|store| {
-            view_with(meta, params, optimizer.as_deref(), |view| {
+            view_with(meta, params, optimizer, |view| {
                 store.write(view).context("cannot write the checkpoint")
             })
         });
@@ -201,6 +191,7 @@ fn state_view<'a>(
             data: steps,
         });
         for (name, (_, values)) in names.iter().zip(&optimizer.slots) {
+            let values: &[f32] = values;
             tensors.push(TensorView { name, data: values });
         }
     }
@@ -249,7 +240,7 @@ pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
         .filter_map(|t| {
             t.name
                 .strip_prefix(OPTIMIZER_PREFIX)
-                .map(|name| (name.to_owned(), std::mem::take(&mut t.data)))
+                .map(|name| (name.to_owned(), Arc::new(std::mem::take(&mut t.data))))
         })
         .collect();
     Some(OptimizerState { steps_taken, slots })
@@ -258,7 +249,6 @@ pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
-    use std::time::Instant;
 
     use super::*;
 
@@ -276,7 +266,7 @@ mod tests {
     fn a_state_view_tried_while_the_optimizer_is_held_is_skipped() {
         let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
             steps_taken: 4,
-            slots: vec![("m".into(), vec![0.25; 8])],
+            slots: vec![("m".into(), Arc::new(vec![0.25; 8]))],
         }));
         let params = [1.0_f32; 8];
         let tensors = |view: &SnapshotView<'_>| view.tensors.len();
@@ -293,15 +283,15 @@ mod tests {
         );
     }
 
-    /// A checkpoint takes the optimizer's state before `start` returns and holds it until
-    /// written: the trainer's next step, which changes the state, waits for the write, and
-    /// the checkpoint holds the state of the step it was started at.
+    /// A checkpoint writes the optimizer's state of the step it was started at without
+    /// holding the trainer up: the trainer's next step, right after the start, takes the
+    /// state at once and changes its own copy of the slots, not what the checkpoint writes.
     #[test]
-    fn a_checkpoint_holds_the_optimizer_state_of_its_step_until_written() {
+    fn a_checkpoint_writes_the_optimizer_state_of_its_step_while_the_trainer_steps_on() {
         let dir = tempfile::tempdir().unwrap();
         let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
             steps_taken: 10,
-            slots: vec![("m".into(), vec![0.5; 64])],
+            slots: vec![("m".into(), Arc::new(vec![0.5; 64]))],
         }));
         let target = CheckpointTarget {
             dir: dir.path().to_owned(),
@@ -310,22 +300,14 @@ mod tests {
             metrics: Metrics::disabled(),
         };
         let mut writer = CheckpointWriter::default();
-        let started = Instant::now();
         writer.start(&target, meta(10), &[1.0; 64]);
-        assert!(
-            started.elapsed() < HOLD_WAIT,
-            "start waited for its thread to hold the state"
-        );
-        assert!(
-            optimizer.try_lock().is_err(),
-            "the checkpoint does not hold the state"
-        );
-        // The trainer's next optimizer step: it gets the state once the write is done.
+        // The trainer's next optimizer step, as `worker::optimizer_step` takes it.
         {
-            let mut state = optimizer.lock().unwrap();
+            let mut state = optimizer.try_lock().expect("the checkpoint holds the lock");
             state.steps_taken = 11;
-            state.slots[0].1.fill(9.0);
+            Arc::make_mut(&mut state.slots[0].1).fill(9.0);
         }
+        writer.wait();
         let store = CheckpointStore::open(dir.path(), 3).unwrap();
         let (_, snapshot) = store.latest_valid().unwrap().found.expect("written");
         assert_eq!(snapshot.step, 10);
@@ -341,7 +323,18 @@ mod tests {
             vec![0.5; 64],
             "the moments at the start"
         );
-        writer.wait();
+        let state = optimizer.lock().unwrap();
+        assert_eq!(
+            *state.slots[0].1,
+            vec![9.0; 64],
+            "the trainer's step was lost"
+        );
+        assert_eq!(
+            Arc::strong_count(&state.slots[0].1),
+            1,
+            "the checkpoint kept its copy"
+        );
+        drop(state);
 
         // The next one starts once the one before is written; both are kept.
         writer.start(&target, meta(20), &[2.0; 64]);

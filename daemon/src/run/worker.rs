@@ -27,25 +27,22 @@ pub(crate) enum Job {
     LoadOptimizer(OptimizerState),
 }
 
-/// The optimizer's state: its step count and its slots (e.g. AdamW's two moments).
+/// The optimizer's state: its step count and its slots (e.g. AdamW's two moments). A clone
+/// shares the slots' values ([`Arc`]); whoever changes a slot held by a clone copies it.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct OptimizerState {
     pub(crate) steps_taken: u64,
     /// Slot name and values, in the optimizer's order.
-    pub(crate) slots: Vec<(String, Vec<f32>)>,
+    pub(crate) slots: Vec<(String, Arc<Vec<f32>>)>,
 }
 
-/// The optimizer's state, its only copy (at GPT-2 small's size AdamW's two moments are
+/// The optimizer's state, one copy of it (at GPT-2 small's size AdamW's two moments are
 /// 1 GB), shared with the run loop for checkpoints and the state served to joiners. The
-/// trainer holds it only while it takes an optimizer step, and lends it to the optimizer
-/// for that step ([`Optimizer::exchange_slots`]); between steps the run loop reads it. A
-/// checkpoint being written holds it until written, and the trainer's next optimizer step
-/// waits for that.
+/// trainer locks it only while it takes an optimizer step, and lends its slots to the
+/// optimizer for that step ([`Optimizer::exchange_slots`]); between steps the run loop
+/// reads it. A checkpoint written beside training takes a clone; the trainer's next step
+/// copies a slot only if that checkpoint is still being written ([`Arc::make_mut`]).
 pub(crate) type SharedOptimizer = Arc<Mutex<OptimizerState>>;
-
-/// An optimizer step that waited longer than this for the optimizer's state (a checkpoint
-/// being written) is logged.
-const LONG_WAIT: Duration = Duration::from_secs(1);
 
 /// A finished job, with its buffers.
 #[derive(Debug)]
@@ -183,15 +180,15 @@ fn hand_over_state(optimizer: &mut Optimizer, shared: &SharedOptimizer) -> anyho
     shared.steps_taken = optimizer.steps_taken();
     shared.slots = names
         .iter()
-        .map(|n| ((*n).to_owned(), Vec::new()))
+        .map(|n| ((*n).to_owned(), Arc::default()))
         .collect();
     optimizer
-        .exchange_slots(shared.slots.iter_mut().map(|s| &mut s.1))
+        .exchange_slots(shared.slots.iter_mut().map(|s| Arc::make_mut(&mut s.1)))
         .context("handing the optimizer's state over")
 }
 
-/// Locks the optimizer's state. A panic while it was held (a checkpoint thread reading it)
-/// left it as it was, so a poisoned lock is taken as it is.
+/// Locks the optimizer's state. A panic while it was held (a reader) left it as it was, so
+/// a poisoned lock is taken as it is.
 fn lock(shared: &SharedOptimizer) -> std::sync::MutexGuard<'_, OptimizerState> {
     shared
         .lock()
@@ -199,7 +196,7 @@ fn lock(shared: &SharedOptimizer) -> std::sync::MutexGuard<'_, OptimizerState> {
 }
 
 /// One optimizer step on `params` along `grad`, with the state in `shared` lent to the
-/// optimizer for it.
+/// optimizer for it. A slot a checkpoint still holds is copied first (and the copy logged).
 fn optimizer_step(
     optimizer: &mut Optimizer,
     shared: &SharedOptimizer,
@@ -207,18 +204,21 @@ fn optimizer_step(
     grad: &[f32],
     lr: f32,
 ) -> anyhow::Result<()> {
-    let asked = Instant::now();
     let mut state = lock(shared);
-    let waited = asked.elapsed();
-    if waited >= LONG_WAIT {
+    let held = state
+        .slots
+        .iter()
+        .filter(|s| Arc::strong_count(&s.1) > 1)
+        .count();
+    if held > 0 {
         tracing::info!(
-            waited_s = waited.as_secs_f64(),
-            "the optimizer step waited for a checkpoint being written"
+            slots = held,
+            "the optimizer's state copied: a checkpoint is still being written from it"
         );
     }
-    optimizer.exchange_slots(state.slots.iter_mut().map(|s| &mut s.1))?;
+    optimizer.exchange_slots(state.slots.iter_mut().map(|s| Arc::make_mut(&mut s.1)))?;
     let stepped = optimizer.step(params, grad, lr);
-    optimizer.exchange_slots(state.slots.iter_mut().map(|s| &mut s.1))?;
+    optimizer.exchange_slots(state.slots.iter_mut().map(|s| Arc::make_mut(&mut s.1)))?;
     state.steps_taken = optimizer.steps_taken();
     Ok(stepped?)
 }
