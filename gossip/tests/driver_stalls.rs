@@ -101,10 +101,16 @@ async fn run_peer(
             () = tokio::time::sleep_until(deadline) => break,
         };
         match next {
-            Some(FromEngine::Work(Work::Step { params, .. })) => {
+            Some(FromEngine::Work(Work::Step {
+                params, mut update, ..
+            })) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                // The parameters stay as they are.
+                update.clear();
+                update.resize(params.len(), 0.0);
                 let done = WorkDone::Stepped {
                     params,
+                    update,
                     samples: 1,
                     took: Duration::from_millis(100),
                 };

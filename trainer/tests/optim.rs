@@ -246,6 +246,56 @@ fn state_lent_for_each_step_steps_like_state_kept_inside() {
     ));
 }
 
+/// A step that keeps its update moves the parameters exactly as a plain step does, and
+/// leaves in the gradient's place `after − before`, bit for bit, for every optimizer.
+#[test]
+fn a_step_keeping_its_update_leaves_after_minus_before() {
+    let layout = layout(&[("w", 5, true), ("b", 3, false)]);
+    let configs = [
+        OptimizerConfig::SgdNesterov {
+            momentum: 0.9,
+            weight_decay: 0.1,
+        },
+        OptimizerConfig::AdamW {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        },
+        OptimizerConfig::Lamb {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-6,
+            weight_decay: 0.1,
+        },
+    ];
+    for config in configs {
+        let mut plain = Optimizer::new(config, &layout).unwrap();
+        let mut keeping = Optimizer::new(config, &layout).unwrap();
+        let mut p_plain: Vec<f32> = (0..8).map(|i| 0.3 * i as f32 - 1.1).collect();
+        let mut p_keeping = p_plain.clone();
+        for step in 0..4 {
+            let grad: Vec<f32> = (0..8)
+                .map(|i| ((i * 7 + step) % 5) as f32 * 0.21 - 0.4)
+                .collect();
+            let before = p_keeping.clone();
+            plain.step(&mut p_plain, &grad, 0.05).unwrap();
+            let mut slots = grad.clone();
+            keeping
+                .step_keeping_update(&mut p_keeping, &mut slots, 0.05)
+                .unwrap();
+            assert_eq!(p_plain, p_keeping, "{config:?} step {step}");
+            let moved: Vec<u32> = p_keeping
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| (a - b).to_bits())
+                .collect();
+            let kept: Vec<u32> = slots.iter().map(|u| u.to_bits()).collect();
+            assert_eq!(kept, moved, "{config:?} step {step}");
+        }
+    }
+}
+
 #[test]
 fn hyperparameters_out_of_range_name_their_key() {
     let layout = layout(&[("w", 1, true)]);

@@ -434,7 +434,9 @@ async fn bench(
                 meter.emit_round(&grad, &exact);
                 WorkDone::Applied { params, grad }
             }
-            FromEngine::Work(Work::Step { params, .. }) => {
+            FromEngine::Work(Work::Step {
+                params, mut update, ..
+            }) => {
                 // Pure averaging, step by step: the next step starts once as many shares
                 // have been folded in as this peer pushed (with every view equal, each
                 // step has exactly one in-neighbour), and `params` is then `z` after them.
@@ -456,8 +458,12 @@ async fn bench(
                     meter.emit_round(&params, &exact);
                 }
                 steps += 1;
+                // The gossip step leaves the parameters as they are.
+                update.clear();
+                update.resize(params.len(), 0.0);
                 WorkDone::Stepped {
                     params,
+                    update,
                     samples: 1,
                     took: Duration::ZERO,
                 }

@@ -169,6 +169,7 @@ fn account(peer: &mut Peer, state: &mut Loop, done: &WorkDone, answer: Answer) {
             params,
             samples,
             took,
+            ..
         }
         | WorkDone::Gradient {
             params,

@@ -195,13 +195,21 @@ fn lock(shared: &SharedOptimizer) -> std::sync::MutexGuard<'_, OptimizerState> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// What an optimizer step moves the parameters along.
+enum StepAlong<'a> {
+    /// A gradient, left as it is.
+    Gradient(&'a [f32]),
+    /// A gradient whose buffer then takes the update (`Optimizer::step_keeping_update`).
+    KeepingUpdate(&'a mut [f32]),
+}
+
 /// One optimizer step on `params` along `grad`, with the state in `shared` lent to the
 /// optimizer for it. A slot a checkpoint still holds is copied first (and the copy logged).
 fn optimizer_step(
     optimizer: &mut Optimizer,
     shared: &SharedOptimizer,
     params: &mut [f32],
-    grad: &[f32],
+    grad: StepAlong<'_>,
     lr: f32,
 ) -> anyhow::Result<()> {
     let mut state = lock(shared);
@@ -217,7 +225,10 @@ fn optimizer_step(
         );
     }
     optimizer.exchange_slots(state.slots.iter_mut().map(|s| Arc::make_mut(&mut s.1)))?;
-    let stepped = optimizer.step(params, grad, lr);
+    let stepped = match grad {
+        StepAlong::Gradient(grad) => optimizer.step(params, grad, lr),
+        StepAlong::KeepingUpdate(grad) => optimizer.step_keeping_update(params, grad, lr),
+    };
     optimizer.exchange_slots(state.slots.iter_mut().map(|s| Arc::make_mut(&mut s.1)))?;
     state.steps_taken = optimizer.steps_taken();
     Ok(stepped?)
@@ -226,7 +237,8 @@ fn optimizer_step(
 struct WorkerState {
     task: Task,
     batch: Batch,
-    grad: Vec<f32>,
+    /// The model's parameter count.
+    params_len: usize,
     pace: StepPace,
     shared: SharedOptimizer,
     /// The test-only fault switch, when set.
@@ -252,7 +264,7 @@ impl WorkerState {
         WorkerState {
             task,
             batch,
-            grad: vec![0.0; params_len],
+            params_len,
             pace,
             shared,
             fault,
@@ -289,7 +301,7 @@ impl WorkerState {
                     same_slots,
                     "the saved optimizer state is for another optimizer"
                 );
-                let len = self.grad.len();
+                let len = self.params_len;
                 if let Some((name, slot)) = state.slots.iter().find(|s| s.1.len() != len) {
                     anyhow::bail!(
                         "the saved optimizer state's {name} holds {} values, the model {len}",
@@ -318,32 +330,31 @@ impl WorkerState {
         match work {
             Work::Step {
                 mut params,
+                mut update,
                 step,
                 swarm_batch,
             } => {
                 let started = Instant::now();
-                // `Task::local_step`, with the passes timed for the device's metrics.
+                // `Task::local_step`, with the passes timed for the device's metrics; the
+                // engine's buffer takes the gradient, then the update.
+                update.resize(params.len(), 0.0);
                 let task = &mut self.task;
                 let passes = Instant::now();
                 let loss = task
-                    .next_loss_and_grad(&params, &mut self.batch, &mut self.grad)
+                    .next_loss_and_grad(&params, &mut self.batch, &mut update)
                     .context("local step")?;
                 self.watch.passes_took(passes.elapsed());
                 let lr = task.schedule.lr(step, swarm_batch);
-                optimizer_step(
-                    &mut task.optimizer,
-                    &self.shared,
-                    &mut params,
-                    &self.grad,
-                    lr,
-                )
-                .context("local step")?;
+                let along = StepAlong::KeepingUpdate(&mut update);
+                optimizer_step(&mut task.optimizer, &self.shared, &mut params, along, lr)
+                    .context("local step")?;
                 self.stretch(started.elapsed());
                 let took = started.elapsed();
                 let eval_loss = self.eval_if(eval, &params)?;
                 Ok(Done::Engine {
                     done: WorkDone::Stepped {
                         params,
+                        update,
                         samples: self.samples(),
                         took,
                     },
@@ -387,11 +398,12 @@ impl WorkerState {
                 swarm_batch,
             } => {
                 let lr = self.task.schedule.lr(step, swarm_batch);
+                let along = StepAlong::Gradient(&grad);
                 optimizer_step(
                     &mut self.task.optimizer,
                     &self.shared,
                     &mut params,
-                    &grad,
+                    along,
                     lr,
                 )
                 .context("optimizer step")?;

@@ -346,6 +346,13 @@ impl<P: PeerKey> RoundEngine<P> {
         let work = match self.settings.policy {
             RoundPolicy::LocalSgd(_) => Work::Step {
                 params,
+                // Local SGD takes no gradients of its own: the buffer kept for them serves
+                // the trainer's steps, and their updates are not needed.
+                update: self
+                    .grad
+                    .take()
+                    .filter(|g| g.capacity() >= self.len)
+                    .unwrap_or_else(|| vec![0.0; self.len]),
                 step: self.local_step,
                 swarm_batch: self.settings.batch_size * (self.membership.len() as u64 + 1),
             },
@@ -384,11 +391,13 @@ impl<P: PeerKey> RoundEngine<P> {
             }
             WorkDone::Stepped {
                 params,
+                update,
                 samples,
                 took,
             } => {
                 self.note_rate(samples, took);
                 self.check_len(&params)?;
+                self.grad = Some(update);
                 self.samples += samples;
                 self.local_step += 1;
                 self.since_outer += 1;

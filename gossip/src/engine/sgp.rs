@@ -35,7 +35,9 @@ pub struct SgpEngine<P> {
     len: usize,
     /// `z = x / w`; with the trainer during a step (empty meanwhile).
     z: Vec<f32>,
-    z_before: Vec<f32>,
+    /// The buffer lent with each step, which comes back holding the step's `Δz`; with the
+    /// trainer during a step (empty meanwhile).
+    update: Vec<f32>,
     /// Steps taken before this run (a resumed or joining peer's schedule goes on from it).
     step_offset: u64,
     batch_size: u64,
@@ -79,7 +81,7 @@ impl<P: PeerKey> SgpEngine<P> {
             membership,
             len,
             z: vec![0.0; len],
-            z_before: vec![0.0; len],
+            update: vec![0.0; len],
             step_offset,
             batch_size,
             working: false,
@@ -195,11 +197,11 @@ impl<P: PeerKey> SgpEngine<P> {
 
     fn start_step(&mut self, step: u64) -> Result<(), EngineError> {
         self.machine.debiased_into(&mut self.z)?;
-        self.z_before.copy_from_slice(&self.z);
         let peers = self.membership.len() as u64 + 1;
         self.working = true;
         self.outputs.push_back(EngineOutput::Work(Work::Step {
             params: std::mem::take(&mut self.z),
+            update: std::mem::take(&mut self.update),
             step: self.step_offset + step,
             swarm_batch: self.batch_size * peers,
         }));
@@ -207,13 +209,14 @@ impl<P: PeerKey> SgpEngine<P> {
     }
 
     fn on_work_done(&mut self, now: Time, done: WorkDone) -> Result<(), EngineError> {
-        let params = done.into_stepped(self.len)?;
+        let (params, update) = done.into_stepped(self.len)?;
         self.working = false;
         self.z = params;
+        self.update = update;
         let weight = self.machine.state().weight() as f32;
         if let Some(x) = self.machine.numerator_mut() {
-            for ((x, &after), &before) in x.iter_mut().zip(&self.z).zip(&self.z_before) {
-                *x += weight * (after - before);
+            for (x, &moved) in x.iter_mut().zip(&self.update) {
+                *x += weight * moved;
             }
         }
         self.machine.handle(now, SgpInput::LocalStepDone)?;
@@ -596,6 +599,7 @@ mod tests {
         assert!(drain(&mut founder).is_empty(), "the step in flight first");
         let done = WorkDone::Stepped {
             params: vec![0.5; 4],
+            update: vec![-0.5; 4],
             samples: 8,
             took: Duration::from_millis(5),
         };

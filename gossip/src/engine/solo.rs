@@ -20,6 +20,8 @@ pub struct SoloEngine<P> {
     membership: Membership<P>,
     /// The parameters; with the trainer during a step (empty meanwhile).
     params: Vec<f32>,
+    /// The buffer lent with each step for its gradient (its update is not needed here).
+    update: Vec<f32>,
     len: usize,
     /// Local steps taken, this run's and those before it.
     steps: u64,
@@ -43,6 +45,7 @@ impl<P: PeerKey> SoloEngine<P> {
         let mut engine = SoloEngine {
             membership,
             len: params.len(),
+            update: vec![0.0; params.len()],
             params,
             steps,
             batch_size,
@@ -70,6 +73,7 @@ impl<P: PeerKey> SoloEngine<P> {
         self.working = true;
         self.outputs.push_back(EngineOutput::Work(Work::Step {
             params: std::mem::take(&mut self.params),
+            update: std::mem::take(&mut self.update),
             step: self.steps,
             // Alone: the swarm's batch is this peer's.
             swarm_batch: self.batch_size,
@@ -77,8 +81,9 @@ impl<P: PeerKey> SoloEngine<P> {
     }
 
     fn on_work_done(&mut self, done: WorkDone) -> Result<(), EngineError> {
-        let params = done.into_stepped(self.len)?;
+        let (params, update) = done.into_stepped(self.len)?;
         self.params = params;
+        self.update = update;
         self.working = false;
         self.steps += 1;
         let beat = self.beat();
@@ -180,6 +185,7 @@ mod tests {
 
     fn step_done(params: Vec<f32>) -> EngineInput<u32> {
         EngineInput::WorkDone(WorkDone::Stepped {
+            update: vec![0.0; params.len()],
             params,
             samples: 8,
             took: Duration::from_millis(5),
@@ -204,6 +210,7 @@ mod tests {
                         params,
                         step: s,
                         swarm_batch,
+                        ..
                     }),
                 ] => {
                     assert_eq!(

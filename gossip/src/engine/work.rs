@@ -12,6 +12,9 @@ pub enum Work {
     Step {
         /// The parameters to step from (SGP: the de-biased `z = x / w`).
         params: Vec<f32>,
+        /// A buffer for the step's gradient (any contents, any length: the trainer sizes
+        /// it), which comes back holding the step's update.
+        update: Vec<f32>,
         /// The step number for the learning-rate schedule.
         step: u64,
         /// Samples the swarm processes per step, for schedules that scale with it.
@@ -44,6 +47,9 @@ pub enum WorkDone {
     Stepped {
         /// The updated parameters.
         params: Vec<f32>,
+        /// How far the step moved each parameter: `after − before`, in `f32`, in the
+        /// buffer the work lent.
+        update: Vec<f32>,
         /// Samples in the step's batch.
         samples: u64,
         /// How long the step took.
@@ -90,21 +96,23 @@ impl WorkDone {
         }
     }
 
-    /// The parameters of a finished [`Work::Step`] of a model of `len` parameters; any other
-    /// answer, or parameters of another length, is an error.
-    pub(crate) fn into_stepped(self, len: usize) -> Result<Vec<f32>, super::EngineError> {
-        let WorkDone::Stepped { params, .. } = self else {
+    /// The parameters and the update of a finished [`Work::Step`] of a model of `len`
+    /// parameters; any other answer, or vectors of another length, is an error.
+    pub(crate) fn into_stepped(
+        self,
+        len: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>), super::EngineError> {
+        let WorkDone::Stepped { params, update, .. } = self else {
             return Err(super::EngineError::UnexpectedWork {
                 expected: "step",
                 got: self.kind(),
             });
         };
-        if params.len() != len {
-            return Err(super::EngineError::LengthMismatch {
-                expected: len,
-                got: params.len(),
-            });
+        for got in [params.len(), update.len()] {
+            if got != len {
+                return Err(super::EngineError::LengthMismatch { expected: len, got });
+            }
         }
-        Ok(params)
+        Ok((params, update))
     }
 }

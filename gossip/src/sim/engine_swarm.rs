@@ -703,14 +703,22 @@ impl EngineSwarm {
                 };
                 (done, self.now + took)
             }
-            Work::Step { mut params, .. } => {
-                for (x, b) in params.iter_mut().zip(&peer.target) {
+            Work::Step {
+                mut params,
+                mut update,
+                ..
+            } => {
+                update.resize(params.len(), 0.0);
+                for ((x, b), moved) in params.iter_mut().zip(&peer.target).zip(&mut update) {
+                    let before = *x;
                     *x -= lr * (*x - b);
+                    *moved = *x - before;
                 }
                 peer.samples += samples;
                 peer.params.clone_from(&params);
                 let done = WorkDone::Stepped {
                     params,
+                    update,
                     samples,
                     took,
                 };

@@ -6,6 +6,7 @@
 //! The trust ratio applies to every tensor, biases and norms included, as in the paper.
 
 use super::adamw::AdamStep;
+use super::grads::GradSlots;
 
 /// The trust ratio `‖p‖ / ‖u‖`, or 1 when either norm is zero.
 pub(crate) fn trust_ratio(param_norm: f64, update_norm: f64) -> f64 {
@@ -22,11 +23,13 @@ pub(crate) fn trust_ratio(param_norm: f64, update_norm: f64) -> f64 {
 /// `‖u‖`, the second recomputes `u` and applies it.
 pub(crate) fn step(
     params: &mut [f32],
-    grad: &[f32],
+    mut grad: impl GradSlots,
     m: &mut [f32],
     v: &mut [f32],
     s: AdamStep,
 ) -> f32 {
+    let n = params.len();
+    assert!(grad.len() == n && m.len() == n && v.len() == n);
     let inv_bc1 = 1.0 / s.bc1;
     let inv_bc2 = 1.0 / s.bc2;
     let direction = |p: f32, m: f32, v: f32| {
@@ -35,17 +38,20 @@ pub(crate) fn step(
 
     let mut param_sq = 0.0f64;
     let mut update_sq = 0.0f64;
-    for (((&p, &g), m), v) in params.iter().zip(grad).zip(m.iter_mut()).zip(v.iter_mut()) {
-        *m = s.beta1 * *m + (1.0 - s.beta1) * g;
-        *v = s.beta2 * *v + (1.0 - s.beta2) * g * g;
-        let u = direction(p, *m, *v);
+    for i in 0..n {
+        let (p, g) = (params[i], grad.grad(i));
+        m[i] = s.beta1 * m[i] + (1.0 - s.beta1) * g;
+        v[i] = s.beta2 * v[i] + (1.0 - s.beta2) * g * g;
+        let u = direction(p, m[i], v[i]);
         param_sq += f64::from(p * p);
         update_sq += f64::from(u * u);
     }
     let ratio = trust_ratio(param_sq.sqrt(), update_sq.sqrt()) as f32;
     let scale = s.lr * ratio;
-    for ((p, &m), &v) in params.iter_mut().zip(m.iter()).zip(v.iter()) {
-        *p -= scale * direction(*p, m, v);
+    for i in 0..n {
+        let before = params[i];
+        params[i] = before - scale * direction(before, m[i], v[i]);
+        grad.moved(i, before, params[i]);
     }
     ratio
 }

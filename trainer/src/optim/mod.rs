@@ -5,6 +5,7 @@
 //! like any other buffer. A step allocates nothing.
 
 mod adamw;
+mod grads;
 mod lamb;
 mod sgd;
 
@@ -12,6 +13,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
+use self::grads::{GradSlots, KeepUpdate};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::ParamLayout;
 
@@ -198,6 +200,27 @@ impl Optimizer {
 
     /// Applies one update with learning rate `lr`: `params` moves along `-grad`.
     pub fn step(&mut self, params: &mut [f32], grad: &[f32], lr: f32) -> Result<(), TrainerError> {
+        self.step_along(params, grad, lr)
+    }
+
+    /// [`Optimizer::step`], then leaves in `grad` how far each parameter moved: `after −
+    /// before`, in `f32`, exactly what subtracting the parameters before the step from
+    /// those after it gives, without a copy of them from before it.
+    pub fn step_keeping_update(
+        &mut self,
+        params: &mut [f32],
+        grad: &mut [f32],
+        lr: f32,
+    ) -> Result<(), TrainerError> {
+        self.step_along(params, KeepUpdate(grad), lr)
+    }
+
+    fn step_along(
+        &mut self,
+        params: &mut [f32],
+        mut grad: impl GradSlots,
+        lr: f32,
+    ) -> Result<(), TrainerError> {
         let n = self.slots.first().map_or(0, Vec::len);
         TrainerError::check_len("params", n, params.len())?;
         TrainerError::check_len("grad", n, grad.len())?;
@@ -215,7 +238,7 @@ impl Optimizer {
                     let r = g.range.clone();
                     sgd::step(
                         &mut params[r.clone()],
-                        &grad[r.clone()],
+                        grad.part(r.clone()),
                         &mut buf[r],
                         lr,
                         momentum,
@@ -251,7 +274,7 @@ impl Optimizer {
                         bc2,
                     };
                     let r = g.range.clone();
-                    let (p, gr) = (&mut params[r.clone()], &grad[r.clone()]);
+                    let (p, gr) = (&mut params[r.clone()], grad.part(r.clone()));
                     let (m, v) = (&mut m[r.clone()], &mut v[r]);
                     if lamb {
                         self.trust_ratios[i] = lamb::step(p, gr, m, v, s);
