@@ -449,8 +449,15 @@ async fn bench(
                         .await
                         .is_err()
                     {
+                        let status = handle.status();
                         anyhow::bail!(
-                            "gossip step {steps} waited more than {SGP_STEP_BOUND:?} for a share"
+                            "gossip step {steps} waited more than {SGP_STEP_BOUND:?} for a \
+                             share: {} received, {} sent, push-sum weight {:?}, {} peers in \
+                             view (a share taken back or refused leaves its receiver short)",
+                            status.shares_received,
+                            status.shares_sent,
+                            status.push_sum_weight,
+                            status.peers,
                         );
                     }
                 }
@@ -474,6 +481,19 @@ async fn bench(
             }
             FromEngine::Event(EngineEvent::BadParcel { from, reason }) => {
                 tracing::warn!(peer = %from, %reason, "message refused");
+                continue;
+            }
+            // A share that did not arrive holds up its receiver's next step: say so.
+            FromEngine::Event(EngineEvent::Refusal { peer, fate }) => {
+                tracing::warn!(%peer, ?fate, "a share was refused");
+                continue;
+            }
+            FromEngine::Event(EngineEvent::Share {
+                to,
+                delivered: false,
+                ..
+            }) => {
+                tracing::warn!(peer = %to, "a share the transport could not write, taken back");
                 continue;
             }
             FromEngine::Event(_) | FromEngine::Finished(_) => continue,
