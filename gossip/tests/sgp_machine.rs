@@ -605,8 +605,11 @@ fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel(
     written(&mut a, 1, second);
     // The edge waits for the receipt: the next step keeps its share.
     outputs(&mut a);
+    assert_eq!(a.stats().shares_held, 0);
     a.handle(T0, SgpInput::LocalStepDone).expect("step");
     assert!(shares(&outputs(&mut a)).is_empty());
+    assert_eq!(a.stats().shares_held, 1, "the kept share is counted");
+    assert_eq!(a.unsettled(), 1);
     let weight_before = a.state().weight();
     receipt(&mut a, 1, second.step, ShareOutcome::Cancelled);
     assert_eq!(a.state().weight(), weight_before + second.weight);
@@ -685,9 +688,12 @@ fn an_exact_edge_carries_at_most_four_unacknowledged_shares() {
     a.handle(T0, SgpInput::LocalStepDone).expect("step");
     assert!(shares(&outputs(&mut a)).is_empty(), "the fifth waits");
     assert_eq!(a.state().weight(), weight);
+    assert_eq!((a.stats().shares_held, a.unsettled()), (1, 4));
     receipt(&mut a, 1, 0, ShareOutcome::Applied);
+    assert_eq!(a.unsettled(), 3);
     let (_, header, _) = step(&mut a);
     assert_eq!(header.step, 5);
+    assert_eq!(a.stats().shares_held, 1);
 }
 
 /// An heir too busy to read its streams made a leaver hand it the whole state hundreds of

@@ -262,10 +262,8 @@ fn run_variant(
     };
     let dir = SwarmDir::create(None, args.peers)?;
     match run_peers(args, hosts, tables, variant, &plan, &dir, stream_bps) {
-        Ok(median_time) => {
-            if !args.keep_logs
-                && let Err(e) = std::fs::remove_dir_all(dir.root())
-            {
+        Ok((median_time, kept)) => {
+            if !kept && let Err(e) = std::fs::remove_dir_all(dir.root()) {
                 eprintln!("could not remove {}: {e}", dir.root().display());
             }
             Ok((variant, median_time))
@@ -275,7 +273,8 @@ fn run_variant(
 }
 
 /// Starts the peers in `dir`, collects their rounds and reports them; returns the median
-/// round time.
+/// round time, and whether the peers' folder is to be kept (asked for, or shares were
+/// missed: their logs say why).
 fn run_peers(
     args: &AllreduceArgs,
     hosts: &Hosts,
@@ -284,7 +283,7 @@ fn run_peers(
     plan: &LocalPlan,
     dir: &SwarmDir,
     stream_bps: Option<f64>,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, bool)> {
     let (tx, rx) = mpsc::sync_channel::<(usize, String)>(1024);
     let mut children = Children(Vec::new());
     let mut bootstrap = Vec::new();
@@ -309,11 +308,19 @@ fn run_peers(
     let collected = collect(&rx, args, &mut children)?;
     children.release();
     drop(children);
-    let logs = args.keep_logs.then(|| dir.root());
+    let missed: u64 = collected
+        .rounds
+        .iter()
+        .flatten()
+        .flatten()
+        .filter_map(|line| line["missed_shares"].as_u64())
+        .sum();
+    let logs = (args.keep_logs || missed > 0).then(|| dir.root());
     if let Some(logs) = logs {
         write_round_lines(&logs.join("rounds.jsonl"), &collected.rounds)?;
     }
-    report(args, variant, stream_bps, &collected, logs)
+    let median_time = report(args, variant, stream_bps, &collected, logs)?;
+    Ok((median_time, logs.is_some()))
 }
 
 /// Every peer's round lines, one JSON object a line with the peer's index added: what the
@@ -570,6 +577,10 @@ fn report(
     let peak_rss = collected.peak_rss.iter().flatten().copied().max();
     let vector_bytes = args.elements as f64 * 4.0;
     let peak_rss_per_vector = peak_rss.map(|b| b as f64 / vector_bytes);
+    let missed: u64 = rows
+        .iter()
+        .filter_map(|r| r["missed_shares"].as_u64())
+        .sum();
     let median = |key: &str| {
         let mut v: Vec<f64> = rows.iter().filter_map(|r| r[key].as_f64()).collect();
         v.sort_by(f64::total_cmp);
@@ -594,6 +605,7 @@ fn report(
         "median_period_s": median("period_s"),
         "median_efficiency": median("efficiency"),
         "median_rel_error": median("rel_error"),
+        "missed_shares": missed,
         "peak_rss_bytes": peak_rss,
         "peak_rss_per_vector": peak_rss_per_vector,
         "rounds": rows,
@@ -652,6 +664,12 @@ fn report(
             bytes as f64 / f64::from(1 << 20)
         );
     }
+    if missed > 0 {
+        println!(
+            "{missed} SGP steps went on without the share they waited for (taken back or \
+             refused: the peers' logs say which)"
+        );
+    }
     if let Some(dir) = logs {
         println!("the peers' logs: {}", dir.display());
     }
@@ -706,6 +724,11 @@ fn round_rows(
         // shows as a smallest group below the peers that reported.
         let group_min = f("group").fold(f64::INFINITY, f64::min);
         let group_max = f("group").fold(0.0, f64::max);
+        // SGP: the shares this round's steps went on without, over every peer.
+        let missed: u64 = lines
+            .iter()
+            .filter_map(|v| v["missed_shares"].as_u64())
+            .sum();
         let finish = f("finished_unix_s").fold(f64::NAN, f64::max);
         let period = finish - last_finish.unwrap_or(f("began_unix_s").fold(f64::NAN, f64::min));
         last_finish = Some(finish);
@@ -720,6 +743,7 @@ fn round_rows(
             "group_min": group_min,
             "group_max": group_max,
             "skipped": skipped,
+            "missed_shares": missed,
             "efficiency": stream_bps.map(|stream| bytes / time / stream),
         }));
     }
@@ -804,6 +828,24 @@ mod tests {
         assert_eq!(get(0, "time_s"), 3.0);
         assert_eq!(get(1, "period_s"), 2.0);
         assert_eq!(get(1, "time_s"), 1.0);
+    }
+
+    #[test]
+    fn a_round_counts_the_shares_its_peers_went_on_without() {
+        let line = |missed: u64| {
+            Some(json!({
+                "time_s": 1.0, "bytes_sent": 100.0, "rel_error": 0.0, "coverage": 1.0,
+                "coverage_all": 1.0, "began_unix_s": 100.0, "finished_unix_s": 101.0,
+                "missed_shares": missed,
+            }))
+        };
+        let rounds = vec![vec![line(0), line(0)], vec![line(1), line(2)]];
+        let rows = round_rows(&args(None, None), None, &rounds).unwrap();
+        let missed: Vec<u64> = rows
+            .iter()
+            .map(|r| r["missed_shares"].as_u64().unwrap())
+            .collect();
+        assert_eq!(missed, [0, 3]);
     }
 
     #[test]

@@ -213,6 +213,14 @@ pub struct EngineStatus {
     pub shares_sent: u64,
     /// SGP: shares received so far.
     pub shares_received: u64,
+    /// SGP: shares of this peer's given back to it (by the transport, or refused by their
+    /// receiver), their mass folded back in.
+    pub shares_returned: u64,
+    /// SGP: shares a step kept instead of sending, their edge still waiting for the
+    /// receipt of its last one.
+    pub shares_held: u64,
+    /// SGP: shares sent that no receipt has settled yet.
+    pub shares_unsettled: u64,
     /// Rounds finished (in a group or alone).
     pub rounds: u64,
 }

@@ -1461,6 +1461,9 @@ impl<P: PeerKey> Engine<P> for RoundEngine<P> {
             push_sum_weight: None,
             shares_sent: 0,
             shares_received: 0,
+            shares_returned: 0,
+            shares_held: 0,
+            shares_unsettled: 0,
             rounds: self.rounds_done,
         }
     }

@@ -548,6 +548,9 @@ impl<P: PeerKey> Engine<P> for SgpEngine<P> {
             push_sum_weight: Some(self.machine.state().weight()),
             shares_sent: stats.shares_sent,
             shares_received: stats.shares_received,
+            shares_returned: stats.shares_returned,
+            shares_held: stats.shares_held,
+            shares_unsettled: self.machine.unsettled() as u64,
             rounds: stats.shares_sent,
         }
     }

@@ -160,6 +160,10 @@ pub struct SgpStats {
     pub cancels_sent: u64,
     /// Shares rejected as malformed.
     pub shares_rejected: u64,
+    /// Shares a step kept instead of sending, their edge still waiting for the receipt of
+    /// its last one (a quantized edge carries one share at a time, an exact edge four):
+    /// their mass stays here for a later step.
+    pub shares_held: u64,
 }
 
 /// Receipt deadlines (`share_timeout_ms` each) an unsettled share waits for a receiver out
@@ -372,6 +376,11 @@ impl<P: PeerKey> SgpPeer<P> {
     /// Sharing counters.
     pub fn stats(&self) -> SgpStats {
         self.stats
+    }
+
+    /// Shares sent and not settled yet: no receipt has said what became of them.
+    pub fn unsettled(&self) -> usize {
+        self.ledger.len()
     }
 
     /// The next output, if any.
@@ -596,6 +605,7 @@ impl<P: PeerKey> SgpPeer<P> {
         let exact_edge = self.edges.is_none() && matches!(portion, Portion::Fraction(_));
         if exact_edge && self.ledger.unsettled_to(to) >= MAX_UNACKNOWLEDGED_EXACT {
             // The receiver is behind with its receipts: keep this share's mass.
+            self.stats.shares_held += 1;
             return;
         }
         let mut payload = self.spare_payloads.pop().unwrap_or_default();
@@ -613,6 +623,7 @@ impl<P: PeerKey> SgpPeer<P> {
         let Some((weight, reference, codec)) = split else {
             // The edge still waits for its last share: keep this one.
             self.spare_payloads.push(payload);
+            self.stats.shares_held += 1;
             return;
         };
         self.next_seq += 1;
