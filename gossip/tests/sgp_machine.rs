@@ -803,3 +803,54 @@ fn the_reference_budget_bounds_the_edges_by_the_model_s_size() {
         })
     ));
 }
+
+/// A share longer than the pieces it is checked in (65,536 elements) whose last block is
+/// bad is refused before any piece moves the receiver's reference: the good share after it
+/// still moves exactly the mass its sender gave up.
+#[test]
+fn a_long_quantized_share_with_a_bad_last_block_is_refused_before_any_piece_applies() {
+    const LEN: usize = 2 * 65_536 + 100;
+    let config = int8_config();
+    let values_a: Vec<f32> = (0..LEN).map(|k| (k as f32 * 0.01).sin()).collect();
+    let values_b: Vec<f32> = (0..LEN).map(|k| 2.0 * (k as f32 * 0.013).cos()).collect();
+    let mut a = SgpPeer::new(0, 0..2, values_a.clone(), config.clone()).expect("config");
+    let mut b = SgpPeer::new(1, 0..2, values_b.clone(), config).expect("config");
+    // The first shares each way are exact; each end takes the other's.
+    let (_, a0, a0_payload) = step(&mut a);
+    let (_, b0, b0_payload) = step(&mut b);
+    fn received(from: u32, header: ShareHeader, payload: &[u8]) -> SgpInput<'_, u32> {
+        SgpInput::ShareReceived {
+            from,
+            header,
+            payload,
+        }
+    }
+    b.handle(T0, received(0, a0, &a0_payload)).expect("exact");
+    a.handle(T0, received(1, b0, &b0_payload)).expect("exact");
+    settle(&mut a, 1, a0);
+    settle(&mut b, 0, b0);
+    // `a` moved towards `b`: its next share quantizes a deviation from the reference.
+    let (_, a1, payload) = step(&mut a);
+    assert!(a1.reference.is_some());
+    let blocks = LEN.div_ceil(64);
+    let mut bad = payload.clone();
+    let last_scale = (blocks - 1) * 4;
+    bad[last_scale..last_scale + 4].copy_from_slice(&(-1.0f32).to_le_bytes());
+    let before = b.state().clone();
+    b.handle(T0, received(0, a1, &bad))
+        .expect_err("bad last block");
+    assert_eq!(b.state(), &before);
+    b.handle(T0, received(0, a1, &payload))
+        .expect("the good share");
+    // Whatever `a` gave up, `b` took: the numerators still sum to the values.
+    let (xa, xb) = (a.state().numerator(), b.state().numerator());
+    for k in 0..LEN {
+        let total = values_a[k] + values_b[k];
+        let moved = xa[k] + xb[k];
+        assert!(
+            (moved - total).abs() <= 1e-5,
+            "element {k}: {moved} against {total}"
+        );
+    }
+    assert!((a.state().weight() + b.state().weight() - 2.0).abs() < 1e-12);
+}

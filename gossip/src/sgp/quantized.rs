@@ -22,7 +22,7 @@
 //! the transport confirmed the share, so each edge remembers the weight of its last share
 //! until the next: its reference is that share's `v`, and `w_s · v` is what to take back.
 
-use murmur_protocol::codec::{Codec, CodecSpec};
+use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 
 use crate::PeerKey;
 
@@ -63,10 +63,19 @@ pub(crate) struct EdgeReferences<P> {
     capacity: usize,
     out_edges: Vec<OutEdge<P>>,
     in_edges: Vec<InEdge<P>>,
-    /// Scratch for `z` or a decoded `v`, one parameter vector long.
+    /// Elements encoded or checked at a time: a multiple of the codec's blocks, or the
+    /// whole vector for `topk`, which encodes only whole vectors.
+    piece: usize,
+    /// One piece of `z − r`, or of a decoded `v`.
     scratch: Vec<f32>,
+    /// One piece's encoding.
+    piece_bytes: Vec<u8>,
     clock: u64,
 }
+
+/// Elements a share is encoded and checked in at a time (rounded up to whole blocks): 256
+/// KiB of scratch, where a whole vector's took as much as the model.
+const PIECE_ELEMENTS: usize = 1 << 16;
 
 /// What [`EdgeReferences::split`] put in the payload.
 #[derive(Debug, Clone, Copy)]
@@ -78,12 +87,19 @@ pub(crate) struct SplitShare {
 
 impl<P: PeerKey> EdgeReferences<P> {
     pub(crate) fn new(codec: Codec, capacity: usize, len: usize) -> EdgeReferences<P> {
+        let piece = match codec.piece_alignment() {
+            Some(align) => PIECE_ELEMENTS.next_multiple_of(align).min(len),
+            None => len,
+        }
+        .max(1);
         EdgeReferences {
             codec,
             capacity: capacity.max(1),
             out_edges: Vec::new(),
             in_edges: Vec::new(),
-            scratch: vec![0.0; len],
+            piece,
+            scratch: vec![0.0; piece],
+            piece_bytes: Vec::new(),
             clock: 0,
         }
     }
@@ -135,22 +151,17 @@ impl<P: PeerKey> EdgeReferences<P> {
                 codec: CodecSpec::F32,
             });
         };
-        if state.debiased_into(&mut self.scratch).is_err() {
+        if state.weight() <= 0.0 {
+            return None;
+        }
+        self.encode_deviation(state, at, payload)?;
+        // r ← r + Q⁻¹(Q(z − r)): the value both ends will hold.
+        if self.move_reference(at, payload).is_err() {
+            // Only a part of `r` moved: the edge starts again with an exact share.
+            self.out_edges.swap_remove(at);
             return None;
         }
         let edge = &mut self.out_edges[at];
-        // scratch ← z − r, the deviation to quantize.
-        for (deviation, &reference) in self.scratch.iter_mut().zip(&edge.reference) {
-            *deviation -= reference;
-        }
-        payload.clear();
-        payload.resize(self.codec.max_encoded_len(self.scratch.len()), 0);
-        let encoded = self.codec.encode(&self.scratch, payload).ok()?;
-        payload.truncate(encoded);
-        // r ← r + Q⁻¹(Q(z − r)): the value both ends will hold.
-        self.codec
-            .decode_accumulate(payload, 1.0, &mut edge.reference)
-            .ok()?;
         let weight = state.take_fraction_of_weight(f64::from(fraction));
         state.subtract_scaled(weight, &edge.reference);
         let reference = Some(edge.version);
@@ -163,6 +174,86 @@ impl<P: PeerKey> EdgeReferences<P> {
             reference,
             codec: self.codec.spec(),
         })
+    }
+
+    /// Writes `Q(z − r)` into `payload`, `z` the de-biased parameters and `r` the
+    /// reference of out-edge `at`, a piece at a time. `None` (nothing changed) if an
+    /// element is not finite.
+    fn encode_deviation(
+        &mut self,
+        state: &PushSumState,
+        at: usize,
+        payload: &mut Vec<u8>,
+    ) -> Option<()> {
+        let len = state.len();
+        let inverse = 1.0 / state.weight();
+        let reference = &self.out_edges[at].reference;
+        let numerator = state.numerator();
+        payload.clear();
+        payload.resize(self.codec.max_encoded_len(len), 0);
+        if self.piece == len {
+            // `topk` (or a vector of one piece): the whole vector at once.
+            deviation(numerator, inverse, reference, &mut self.scratch);
+            let encoded = self.codec.encode(&self.scratch, payload).ok()?;
+            payload.truncate(encoded);
+            return Some(());
+        }
+        for start in (0..len).step_by(self.piece) {
+            let end = (start + self.piece).min(len);
+            let piece = &mut self.scratch[..end - start];
+            deviation(
+                &numerator[start..end],
+                inverse,
+                &reference[start..end],
+                piece,
+            );
+            self.codec
+                .encode_piece(piece, start, len, payload, &mut self.piece_bytes)
+                .ok()?;
+        }
+        Some(())
+    }
+
+    /// `r ← r + Q⁻¹(payload)` on out-edge `at`, a piece at a time.
+    fn move_reference(&mut self, at: usize, payload: &[u8]) -> Result<(), CodecError> {
+        let reference = &mut self.out_edges[at].reference;
+        let len = reference.len();
+        for start in (0..len).step_by(self.piece) {
+            let end = (start + self.piece).min(len);
+            let piece = &mut reference[start..end];
+            add_decoded(
+                &mut self.codec,
+                payload,
+                (start, len),
+                piece,
+                &mut self.piece_bytes,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Whether `r + Q⁻¹(payload)` decodes and is finite everywhere, `r` the reference of
+    /// in-edge `at`: checked a piece at a time, before anything changes.
+    fn check_share(&mut self, at: usize, payload: &[u8]) -> Result<(), SgpError> {
+        let reference = &self.in_edges[at].reference;
+        let len = reference.len();
+        for start in (0..len).step_by(self.piece) {
+            let end = (start + self.piece).min(len);
+            let piece = &mut self.scratch[..end - start];
+            piece.copy_from_slice(&reference[start..end]);
+            add_decoded(
+                &mut self.codec,
+                payload,
+                (start, len),
+                piece,
+                &mut self.piece_bytes,
+            )
+            .map_err(|error| SgpError::BadPayload(error.to_string()))?;
+            if !piece.iter().all(|v| v.is_finite()) {
+                return Err(SgpError::NonFinitePayload);
+            }
+        }
+        Ok(())
     }
 
     /// Adds a share from `from` to `state`. Nothing changes on error.
@@ -203,19 +294,27 @@ impl<P: PeerKey> EdgeReferences<P> {
             });
         }
         super::state::check_share_weight(header.weight)?;
-        let edge = self
+        let at = self
             .in_edges
-            .iter_mut()
-            .find(|edge| edge.peer == from && edge.version == version)
+            .iter()
+            .position(|edge| edge.peer == from && edge.version == version)
             .ok_or(SgpError::StaleReference { version })?;
-        self.scratch.copy_from_slice(&edge.reference);
-        self.codec
-            .decode_accumulate(payload, 1.0, &mut self.scratch)
-            .map_err(|error| SgpError::BadPayload(error.to_string()))?;
-        if !self.scratch.iter().all(|v| v.is_finite()) {
-            return Err(SgpError::NonFinitePayload);
+        // Checked whole first, then applied: a refused share changes nothing.
+        self.check_share(at, payload)?;
+        let edge = &mut self.in_edges[at];
+        let len = edge.reference.len();
+        for start in (0..len).step_by(self.piece) {
+            let end = (start + self.piece).min(len);
+            let piece = &mut edge.reference[start..end];
+            let temp = &mut self.piece_bytes;
+            if let Err(error) = add_decoded(&mut self.codec, payload, (start, len), piece, temp) {
+                // The bytes just checked did not decode again: the reference moved in part,
+                // so the edge is forgotten, and the sender's next share is refused and
+                // taken back, then sent exactly.
+                self.in_edges.swap_remove(at);
+                return Err(SgpError::BadPayload(error.to_string()));
+            }
         }
-        std::mem::swap(&mut edge.reference, &mut self.scratch);
         edge.version = header.step;
         edge.last_used = self.clock;
         state.add_scaled(header.weight, &edge.reference);
@@ -343,6 +442,29 @@ impl<P: PeerKey> EdgeReferences<P> {
         {
             self.in_edges.swap_remove(at);
         }
+    }
+}
+
+/// Adds `Q⁻¹(payload)`'s elements `start..start + acc.len()` (of `len`) into `acc`: the
+/// whole vector's decode where `acc` is all of it (a `topk` share's only piece).
+fn add_decoded(
+    codec: &mut Codec,
+    payload: &[u8],
+    (start, len): (usize, usize),
+    acc: &mut [f32],
+    temp: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    if acc.len() == len {
+        return codec.decode_accumulate(payload, 1.0, acc);
+    }
+    codec.decode_accumulate_piece(payload, (start, len), 1.0, acc, temp)
+}
+
+/// `out ← x · inverse − r`, element by element: `z − r` with `z` rounded to `f32` first,
+/// as [`PushSumState::debiased_into`] rounds it.
+fn deviation(numerator: &[f32], inverse: f64, reference: &[f32], out: &mut [f32]) {
+    for ((d, &x), &r) in out.iter_mut().zip(numerator).zip(reference) {
+        *d = (f64::from(x) * inverse) as f32 - r;
     }
 }
 

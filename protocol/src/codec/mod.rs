@@ -33,6 +33,7 @@ mod feedback;
 mod finite;
 mod float16;
 pub(crate) mod kernels;
+mod pieces;
 mod sign1;
 mod spec;
 mod topk;
@@ -96,6 +97,20 @@ pub enum CodecError {
         codec: &'static str,
         /// What was malformed.
         reason: &'static str,
+    },
+    /// A piece of a longer vector does not start on a block boundary, is not whole blocks
+    /// long without ending the vector, or runs past it (or the codec, `topk`, encodes only
+    /// whole vectors).
+    #[error(
+        "a piece of {len} elements at {start} does not fit the blocks of a {total}-element vector"
+    )]
+    MisplacedPiece {
+        /// The piece's first element.
+        start: usize,
+        /// Its elements.
+        len: usize,
+        /// The vector's elements.
+        total: usize,
     },
     /// `decode_accumulate` was given a NaN or infinite weight.
     #[error("accumulation weight {weight} is not finite")]
