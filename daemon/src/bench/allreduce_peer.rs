@@ -280,10 +280,10 @@ fn mode_of(args: &AllreducePeerArgs, loaded: &LoadedConfig) -> ModeSettings {
     }
 }
 
-/// The longest an SGP step waits for the share it folds in. Past it the step goes on
-/// without that share (counted in its round's `missed_shares`, and said at `warn`): a share
-/// taken back by its sender, or refused on arrival, never comes, and waiting for it would
-/// hold up both peers for good.
+/// The longest an SGP step waits for the share it folds in and for the receipt of its own
+/// last share. Past it the step goes on, without that share (counted in its round's
+/// `missed_shares`, and said at `warn`): a share taken back by its sender, held back, or
+/// refused on arrival never comes, and waiting for it would hold up both peers for good.
 const SGP_SHARE_PATIENCE: Duration = Duration::from_secs(120);
 
 /// The longest a benchmark's ring round may take.
@@ -455,7 +455,7 @@ async fn bench(
                 // for it in vain. A step asked for once this peer finishes is not
                 // measured, and waits for nothing: the others are leaving too, and their
                 // last shares may never come (at 100M elements the hand-offs outlast the
-                // step's bound).
+                // step's patience).
                 let until = tokio::time::Instant::now() + SGP_SHARE_PATIENCE;
                 let waiting = |status: EngineStatus| {
                     status.shares_received + missed < steps || status.shares_unsettled > 0

@@ -156,7 +156,9 @@ impl<P: PeerKey> EdgeReferences<P> {
         }
         self.encode_deviation(state, at, payload)?;
         // r ← r + Q⁻¹(Q(z − r)): the value both ends will hold.
-        if self.move_reference(at, payload).is_err() {
+        let (codec, temp) = (&mut self.codec, &mut self.piece_bytes);
+        let reference = &mut self.out_edges[at].reference;
+        if move_reference(codec, payload, reference, self.piece, temp).is_err() {
             // Only a part of `r` moved: the edge starts again with an exact share.
             self.out_edges.swap_remove(at);
             return None;
@@ -212,24 +214,6 @@ impl<P: PeerKey> EdgeReferences<P> {
                 .ok()?;
         }
         Some(())
-    }
-
-    /// `r ← r + Q⁻¹(payload)` on out-edge `at`, a piece at a time.
-    fn move_reference(&mut self, at: usize, payload: &[u8]) -> Result<(), CodecError> {
-        let reference = &mut self.out_edges[at].reference;
-        let len = reference.len();
-        for start in (0..len).step_by(self.piece) {
-            let end = (start + self.piece).min(len);
-            let piece = &mut reference[start..end];
-            add_decoded(
-                &mut self.codec,
-                payload,
-                (start, len),
-                piece,
-                &mut self.piece_bytes,
-            )?;
-        }
-        Ok(())
     }
 
     /// Whether `r + Q⁻¹(payload)` decodes and is finite everywhere, `r` the reference of
@@ -302,18 +286,13 @@ impl<P: PeerKey> EdgeReferences<P> {
         // Checked whole first, then applied: a refused share changes nothing.
         self.check_share(at, payload)?;
         let edge = &mut self.in_edges[at];
-        let len = edge.reference.len();
-        for start in (0..len).step_by(self.piece) {
-            let end = (start + self.piece).min(len);
-            let piece = &mut edge.reference[start..end];
-            let temp = &mut self.piece_bytes;
-            if let Err(error) = add_decoded(&mut self.codec, payload, (start, len), piece, temp) {
-                // The bytes just checked did not decode again: the reference moved in part,
-                // so the edge is forgotten, and the sender's next share is refused and
-                // taken back, then sent exactly.
-                self.in_edges.swap_remove(at);
-                return Err(SgpError::BadPayload(error.to_string()));
-            }
+        let (codec, temp) = (&mut self.codec, &mut self.piece_bytes);
+        if let Err(error) = move_reference(codec, payload, &mut edge.reference, self.piece, temp) {
+            // The bytes just checked did not decode again: the reference moved in part, so
+            // the edge is forgotten, and the sender's next share is refused and taken back,
+            // then sent exactly.
+            self.in_edges.swap_remove(at);
+            return Err(SgpError::BadPayload(error.to_string()));
         }
         edge.version = header.step;
         edge.last_used = self.clock;
@@ -443,6 +422,28 @@ impl<P: PeerKey> EdgeReferences<P> {
             self.in_edges.swap_remove(at);
         }
     }
+}
+
+/// `r ← r + Q⁻¹(payload)`, `piece` elements at a time.
+fn move_reference(
+    codec: &mut Codec,
+    payload: &[u8],
+    reference: &mut [f32],
+    piece: usize,
+    temp: &mut Vec<u8>,
+) -> Result<(), CodecError> {
+    let len = reference.len();
+    for start in (0..len).step_by(piece) {
+        let end = (start + piece).min(len);
+        add_decoded(
+            codec,
+            payload,
+            (start, len),
+            &mut reference[start..end],
+            temp,
+        )?;
+    }
+    Ok(())
 }
 
 /// Adds `Q⁻¹(payload)`'s elements `start..start + acc.len()` (of `len`) into `acc`: the
