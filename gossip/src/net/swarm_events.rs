@@ -12,6 +12,7 @@ use super::NetEvent;
 use super::actor::{CONTROL_RESENDS, NetActor, PeerState, Refusal, for_peer};
 use super::auth::{AuthFailure, reject_frame};
 use super::behaviour::MurmurBehaviourEvent;
+use super::config::ValidConfig;
 use super::control::ControlFrame;
 use super::error::NetError;
 use super::handle::{InboundControl, unix_now};
@@ -276,6 +277,10 @@ impl NetActor {
                         pending.resends += 1;
                         tracing::debug!(%peer, "control request sent again: its connection closed");
                         self.send_control(peer, pending);
+                    } else if matches!(error, OutboundFailure::Timeout) {
+                        let after = ValidConfig::ms(self.config.raw.request_timeout_ms);
+                        let what = "a control request's answer";
+                        let _ = pending.reply.send(Err(NetError::Timeout { what, after }));
                     } else {
                         let reason = error.to_string();
                         let _ = pending

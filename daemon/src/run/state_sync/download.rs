@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use murmur_gossip::net::{ControlFrame, NetHandle};
+use murmur_gossip::net::{ControlFrame, NetError, NetHandle};
 use murmur_protocol::frame::{Frame, FrameLimits};
 use murmur_protocol::identity::PeerId;
 use murmur_protocol::message::{
@@ -46,6 +46,13 @@ const WINDOW_SHARE_OF_TIMEOUT: f64 = 0.25;
 /// A server that does not hold the snapshot is asked once more after this: butterfly
 /// members publish a round's state moments apart, so the one that named it may be ahead.
 const OTHER_SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
+/// A range whose request failed in transit (its connection closed with no other to the
+/// server open at that moment) is asked of the same server again after this, at most
+/// [`TRANSIT_RETRIES`] times per server: peers that dial each other at once keep one of two
+/// connections, and a request on the other fails while they reconnect.
+const TRANSIT_RETRY: Duration = Duration::from_millis(500);
+/// See [`TRANSIT_RETRY`].
+const TRANSIT_RETRIES: u8 = 3;
 
 /// A downloaded state, and what its download took.
 #[derive(Debug)]
@@ -145,6 +152,8 @@ struct Source {
     asked_again: bool,
     /// That second asking is under way: nothing else is asked of it meanwhile.
     waiting: bool,
+    /// Ranges asked again after failing in transit (see [`TRANSIT_RETRY`]).
+    transit_retries: u8,
     /// Why it was given up on, for this snapshot.
     failed: Option<Fetch>,
 }
@@ -157,6 +166,21 @@ enum Fetch {
     OtherSnapshot,
     #[error(transparent)]
     Failed(#[from] anyhow::Error),
+}
+
+impl Fetch {
+    /// Whether the request failed in transit (its connection closed, or none was open),
+    /// rather than timing out or being answered badly: the server may answer once
+    /// reconnected.
+    fn in_transit(&self) -> bool {
+        let Fetch::Failed(error) = self else {
+            return false;
+        };
+        matches!(
+            error.downcast_ref::<NetError>(),
+            Some(NetError::Request { .. } | NetError::Disconnected { .. })
+        )
+    }
 }
 
 /// Fetches the snapshot in `partial` from `servers` until it is whole or none that holds it
@@ -180,6 +204,7 @@ async fn fetch(
             bytes: 0,
             asked_again: false,
             waiting: false,
+            transit_retries: 0,
             failed: None,
         })
         .collect();
@@ -187,7 +212,14 @@ async fn fetch(
     if partial.total.is_none() {
         for source in &mut sources {
             let first = 0..u64::from(RANGE_BYTES);
-            let answer = request(net, source.peer, first.clone(), partial.digest).await;
+            let mut answer = request(net, source.peer, first.clone(), partial.digest).await;
+            while answer.as_ref().is_err_and(Fetch::in_transit)
+                && source.transit_retries < TRANSIT_RETRIES
+            {
+                source.transit_retries += 1;
+                tokio::time::sleep(TRANSIT_RETRY).await;
+                answer = request(net, source.peer, first.clone(), partial.digest).await;
+            }
             match answer.and_then(|frame| take(&frame, &limits, partial, first)) {
                 Ok(got) => {
                     source.ranges += 1;
@@ -260,6 +292,14 @@ async fn fetch(
                 source.in_flight += 1;
                 let (peer, digest) = (source.peer, partial.digest);
                 in_flight.push(ask(index, peer, range, digest, OTHER_SNAPSHOT_RETRY));
+            }
+            Err(e) if e.in_transit() && source.transit_retries < TRANSIT_RETRIES => {
+                // Still this server's range: asked again once it may have reconnected.
+                source.transit_retries += 1;
+                source.in_flight += 1;
+                let (peer, digest) = (source.peer, partial.digest);
+                tracing::debug!(%peer, error = %e, "a state range failed in transit; asking again");
+                in_flight.push(ask(index, peer, range, digest, TRANSIT_RETRY));
             }
             Err(e) => {
                 if out.failed(&range) {
@@ -562,6 +602,25 @@ mod tests {
     use crate::observe::process::own_status_bytes;
     use murmur_protocol::message::StateSyncResponse;
     use tokio::sync::mpsc;
+
+    #[test]
+    fn only_a_request_lost_with_its_connection_is_asked_again() {
+        let peer = murmur_protocol::identity::Keypair::from_seed([7; 32]).peer_id();
+        let failed = |error: NetError| Fetch::Failed(anyhow::Error::from(error));
+        let closed = failed(NetError::Request {
+            peer,
+            reason: "Connection was closed before a response was received".into(),
+        });
+        assert!(closed.in_transit());
+        assert!(failed(NetError::Disconnected { peer }).in_transit());
+        let timed_out = failed(NetError::Timeout {
+            what: "a control request's answer",
+            after: Duration::from_secs(10),
+        });
+        assert!(!timed_out.in_transit());
+        assert!(!Fetch::Failed(anyhow::anyhow!("a bad response")).in_transit());
+        assert!(!Fetch::OtherSnapshot.in_transit());
+    }
 
     /// Feeds `encoded` to `partial` in ranges, as servers answer them, with one byte of the
     /// body flipped when `corrupt`; whether the last range made it whole.
