@@ -48,8 +48,9 @@ const WINDOW_SHARE_OF_TIMEOUT: f64 = 0.25;
 const OTHER_SNAPSHOT_RETRY: Duration = Duration::from_secs(1);
 /// A range whose request failed in transit (its connection closed with no other to the
 /// server open at that moment) is asked of the same server again after this, at most
-/// [`TRANSIT_RETRIES`] times per server: peers that dial each other at once keep one of two
-/// connections, and a request on the other fails while they reconnect.
+/// [`TRANSIT_RETRIES`] times per server. A joiner's connections to both its servers were
+/// seen to close 0.3 s into a download and open again 17 ms later, while the net layer
+/// resends a control request only over a connection still open.
 const TRANSIT_RETRY: Duration = Duration::from_millis(500);
 /// See [`TRANSIT_RETRY`].
 const TRANSIT_RETRIES: u8 = 3;
