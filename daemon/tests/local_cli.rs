@@ -344,6 +344,8 @@ fn micro_batches_lower_a_peers_peak_memory() {
     );
     for summary in [&whole, &parts] {
         assert!(peer(summary, "final_eval_loss").is_finite(), "{summary}");
+        // A step counts its whole batch, whatever the passes it was cut into.
+        assert_eq!(peer(summary, "samples"), 2.0 * 512.0, "{summary}");
     }
 }
 

@@ -43,6 +43,7 @@ mod export;
 mod layout;
 mod model;
 mod optim;
+mod pages;
 mod rng;
 mod schedule;
 mod task;

@@ -7,7 +7,7 @@ use crate::data::{
     DataConfig, DataSource, Dataset, MarkovConfig, PeerSampling, TeacherConfig, open_dataset,
 };
 use crate::error::{ConfigError, TrainerError};
-use crate::model::{Activation, GptConfig, GradWrite, MlpConfig, Model, ModelConfig};
+use crate::model::{Activation, GptConfig, GradWrite, LentParams, MlpConfig, Model, ModelConfig};
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::schedule::{LrSchedule, ScheduleConfig};
 
@@ -106,17 +106,17 @@ impl Task {
     /// `batch_size / micro_batches` samples each (gradient accumulation): `grad` gets the
     /// mean of the passes' gradients, which is the whole batch's up to float rounding, and
     /// only one pass's activations are held at a time. Returns the mean loss.
+    ///
+    /// `params` is lent to the model for the passes and holds its values again on return,
+    /// error or not; on the CPU its memory, and `grad`'s, go back to the kernel meanwhile, so
+    /// that the passes hold the parameters once and the gradient once.
     pub fn next_loss_and_grad(
         &mut self,
-        params: &[f32],
+        params: &mut [f32],
         batch: &mut Batch,
         grad: &mut [f32],
     ) -> Result<f32, TrainerError> {
         let passes = self.micro_batches.max(1);
-        if passes == 1 {
-            self.dataset.fill_train_batch(self.batch_size, batch);
-            return self.model.loss_and_grad(params, batch, grad);
-        }
         if !self.batch_size.is_multiple_of(passes) {
             return Err(TrainerError::BatchMismatch {
                 reason: format!(
@@ -125,8 +125,25 @@ impl Task {
                 ),
             });
         }
+        TrainerError::check_len("grad", self.model.param_count(), grad.len())?;
+        // The first pass overwrites every element: the old gradient's pages can go.
+        if self.model.device().is_cpu() {
+            crate::pages::release(grad);
+        }
+        let lent = self.model.lend(params)?;
+        let loss = self.passes(&lent, batch, grad, passes);
+        self.model.give_back(lent, params)?;
+        loss
+    }
+
+    fn passes(
+        &mut self,
+        lent: &LentParams,
+        batch: &mut Batch,
+        grad: &mut [f32],
+        passes: usize,
+    ) -> Result<f32, TrainerError> {
         let rows = self.batch_size / passes;
-        let scale = 1.0 / passes as f32;
         let mut loss = 0.0f32;
         for pass in 0..passes {
             self.dataset.fill_train_batch(rows, batch);
@@ -135,12 +152,16 @@ impl Task {
             } else {
                 GradWrite::Add { scale: 1.0 }
             };
-            loss += self.model.loss_and_grad_into(params, batch, grad, write)?;
+            loss += self.model.pass(lent, batch, grad, write)?;
         }
-        for g in grad.iter_mut() {
-            *g *= scale;
+        if passes > 1 {
+            let scale = 1.0 / passes as f32;
+            for g in grad.iter_mut() {
+                *g *= scale;
+            }
+            loss *= scale;
         }
-        Ok(loss * scale)
+        Ok(loss)
     }
 
     /// Mean loss of `params` over the shared eval set.

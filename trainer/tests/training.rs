@@ -148,16 +148,26 @@ fn micro_batches_give_the_whole_batch_gradient() {
         config.data.batch_size = 16;
         let mut whole = config.build(sampling(3)).unwrap();
         let mut parts = config.build(sampling(3)).unwrap();
-        let params = whole.model.init(17);
+        let mut params = whole.model.init(17);
+        let initial = params.clone();
         let mut batch = whole.dataset.empty_batch(16);
         let mut g_whole = vec![0.0; params.len()];
         let mut g_parts = vec![1.0; params.len()];
         let l_whole = whole
-            .next_loss_and_grad(&params, &mut batch, &mut g_whole)
+            .next_loss_and_grad(&mut params, &mut batch, &mut g_whole)
             .unwrap();
+        // The passes borrow the parameters' memory (released on the CPU) and give every
+        // value back.
+        assert!(
+            params
+                .iter()
+                .zip(&initial)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{preset:?}: the parameters changed across the passes"
+        );
         parts.micro_batches = 4;
         let l_parts = parts
-            .next_loss_and_grad(&params, &mut batch, &mut g_parts)
+            .next_loss_and_grad(&mut params, &mut batch, &mut g_parts)
             .unwrap();
         assert!(
             (l_whole - l_parts).abs() < 1e-5,
@@ -176,7 +186,7 @@ fn micro_batches_give_the_whole_batch_gradient() {
         );
         parts.micro_batches = 3;
         let error = parts
-            .next_loss_and_grad(&params, &mut batch, &mut g_parts)
+            .next_loss_and_grad(&mut params, &mut batch, &mut g_parts)
             .unwrap_err();
         assert!(error.to_string().contains("do not divide"), "{error}");
     }

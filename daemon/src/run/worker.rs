@@ -272,9 +272,10 @@ impl WorkerState {
         }
     }
 
-    /// Samples in the batch just drawn.
+    /// Samples in the step just taken: the batch just drawn, times the micro-batches it was
+    /// one of.
     fn samples(&self) -> u64 {
-        self.batch.rows as u64
+        self.batch.rows as u64 * self.task.micro_batches.max(1) as u64
     }
 
     /// Sleeps so that a step that computed for `spent` takes [`StepPace::step_time`] in all.
@@ -341,7 +342,7 @@ impl WorkerState {
                 let task = &mut self.task;
                 let passes = Instant::now();
                 let loss = task
-                    .next_loss_and_grad(&params, &mut self.batch, &mut update)
+                    .next_loss_and_grad(&mut params, &mut self.batch, &mut update)
                     .context("local step")?;
                 self.watch.passes_took(passes.elapsed());
                 let lr = task.schedule.lr(step, swarm_batch);
@@ -364,13 +365,16 @@ impl WorkerState {
                     optimizer_steps: None,
                 })
             }
-            Work::Gradient { params, mut grad } => {
+            Work::Gradient {
+                mut params,
+                mut grad,
+            } => {
                 let started = Instant::now();
                 grad.resize(params.len(), 0.0);
                 let passes = Instant::now();
                 let loss = self
                     .task
-                    .next_loss_and_grad(&params, &mut self.batch, &mut grad)
+                    .next_loss_and_grad(&mut params, &mut self.batch, &mut grad)
                     .context("gradient")?;
                 self.watch.passes_took(passes.elapsed());
                 self.stretch(started.elapsed());

@@ -1,24 +1,29 @@
 //! Glue between the flat parameter vector and candle's autograd.
 //!
-//! Each step turns the flat slice into one candle `Var` per tensor (a copy: the model sizes
-//! murmur trains on CPU are small next to the activations), runs the forward pass, calls
-//! `backward`, and copies each tensor's gradient back into the caller's flat gradient buffer
-//! without an intermediate `Vec`. On a GPU the same copies are the host-to-device and
+//! Each step turns the flat slice into one candle `Var` per tensor, runs the forward pass,
+//! calls `backward`, and moves each tensor's gradient into the caller's flat gradient buffer
+//! without an intermediate `Vec`, freeing candle's copy as it goes. A training step on the
+//! CPU borrows the flat parameters for its passes ([`ParamTensors::lend`]): their pages go
+//! back to the kernel while candle holds the values, and come back with them afterwards, so
+//! the step holds the parameters once. On a GPU the same copies are the host-to-device and
 //! device-to-host transfers of the step (the gradient comes back through one host tensor per
-//! parameter tensor).
+//! parameter tensor), and the host vector stays as it is.
 
 use candle_core::backprop::GradStore;
 use candle_core::{D, Device, Storage, Tensor, Var};
 
 use crate::error::TrainerError;
 use crate::layout::ParamLayout;
-use crate::transfer;
+use crate::{pages, transfer};
 
 /// The model's parameters as candle tensors, either tracked (`Var`s, for a training step) or
 /// plain (for evaluation, where no graph is recorded).
 #[derive(Debug)]
 pub(crate) struct ParamTensors {
     tensors: Vec<Tensor>,
+    /// The flat vector's pages were released as the tensors were made
+    /// ([`ParamTensors::lend`]): [`ParamTensors::give_back`] writes the values back.
+    released: bool,
 }
 
 impl ParamTensors {
@@ -41,7 +46,58 @@ impl ParamTensors {
             tensors.push(tensor);
         }
         transfer::uploaded(device, std::mem::size_of_val(params));
-        Ok(Self { tensors })
+        Ok(Self {
+            tensors,
+            released: false,
+        })
+    }
+
+    /// Lends `params` to candle as tracked variables for a step's passes. On the CPU each
+    /// tensor's whole pages of `params` go back to the kernel once copied ([`pages`]), so
+    /// that the values are held once; [`ParamTensors::give_back`] writes them back. On a GPU
+    /// `params` stays as it is.
+    pub(crate) fn lend(
+        layout: &ParamLayout,
+        params: &mut [f32],
+        device: &Device,
+    ) -> Result<Self, TrainerError> {
+        TrainerError::check_len("params", layout.len(), params.len())?;
+        let mut lent = Self {
+            tensors: Vec::with_capacity(layout.tensors().len()),
+            released: device.is_cpu(),
+        };
+        for spec in layout.tensors() {
+            let values = &mut params[spec.range()];
+            match Var::from_slice(values, spec.shape(), device) {
+                Ok(var) => lent.tensors.push(var.into_inner()),
+                Err(e) => {
+                    // The tensors made so far hold their values: put them back first.
+                    lent.give_back(layout, params)?;
+                    return Err(e.into());
+                }
+            }
+            if lent.released {
+                pages::release(values);
+            }
+        }
+        transfer::uploaded(device, std::mem::size_of_val(params));
+        Ok(lent)
+    }
+
+    /// Ends a loan ([`ParamTensors::lend`]): writes each tensor's values back into its range
+    /// of `params` where its pages were released, dropping the tensor as it goes.
+    pub(crate) fn give_back(
+        self,
+        layout: &ParamLayout,
+        params: &mut [f32],
+    ) -> Result<(), TrainerError> {
+        if !self.released {
+            return Ok(());
+        }
+        for (spec, tensor) in layout.tensors().iter().zip(self.tensors) {
+            copy_to_slice(&tensor, &mut params[spec.range()])?;
+        }
+        Ok(())
     }
 
     /// The tensor at `index` in layout order.
@@ -49,11 +105,11 @@ impl ParamTensors {
         &self.tensors[index]
     }
 
-    /// Writes every tensor's gradient into `grad_out` as `write` says (a tensor that got
-    /// none counts as zeros).
+    /// Moves every tensor's gradient into `grad_out` as `write` says (a tensor that got
+    /// none counts as zeros), freeing each of candle's gradients once it is written.
     pub(crate) fn write_grads(
         &self,
-        grads: &GradStore,
+        mut grads: GradStore,
         layout: &ParamLayout,
         grad_out: &mut [f32],
         write: GradWrite,
@@ -61,9 +117,9 @@ impl ParamTensors {
         TrainerError::check_len("grad", layout.len(), grad_out.len())?;
         for (spec, tensor) in layout.tensors().iter().zip(&self.tensors) {
             let out = &mut grad_out[spec.range()];
-            match (grads.get(tensor), write) {
-                (Some(grad), GradWrite::Overwrite) => copy_to_slice(grad, out)?,
-                (Some(grad), GradWrite::Add { scale }) => add_to_slice(grad, scale, out)?,
+            match (grads.remove(tensor), write) {
+                (Some(grad), GradWrite::Overwrite) => copy_to_slice(&grad, out)?,
+                (Some(grad), GradWrite::Add { scale }) => add_to_slice(&grad, scale, out)?,
                 (None, GradWrite::Overwrite) => out.fill(0.0),
                 (None, GradWrite::Add { .. }) => {}
             }

@@ -191,7 +191,7 @@ impl Gpt {
     /// Mean next-token loss; gradient into `grad_out` when given, as its [`GradWrite`] says.
     pub(crate) fn run(
         &self,
-        params: &[f32],
+        p: &ParamTensors,
         batch: &Batch,
         grad_out: Option<(&mut [f32], GradWrite)>,
     ) -> Result<f32, TrainerError> {
@@ -216,7 +216,6 @@ impl Gpt {
         super::check_ids("token", ids, self.vocab)?;
         super::check_ids("target", &batch.targets, self.vocab)?;
 
-        let p = ParamTensors::from_flat(&self.layout, params, &self.device, grad_out.is_some())?;
         let (d, h) = (self.width, self.heads);
         let hd = d / h;
         transfer::uploaded(&self.device, std::mem::size_of_val(ids));
@@ -251,11 +250,14 @@ impl Gpt {
             std::mem::size_of_val(batch.targets.as_slice()),
         );
         let loss = projected_cross_entropy(&x, p.get(0), &batch.targets, grad_out.is_some())?;
+        transfer::downloaded(&self.device, std::mem::size_of::<f32>());
+        let value = loss.to_scalar::<f32>()?;
         if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
-            p.write_grads(&grads, &self.layout, grad_out, write)?;
+            // The graph's activations go before the gradients are moved out.
+            drop((loss, x));
+            p.write_grads(grads, &self.layout, grad_out, write)?;
         }
-        transfer::downloaded(&self.device, std::mem::size_of::<f32>());
-        Ok(loss.to_scalar::<f32>()?)
+        Ok(value)
     }
 }

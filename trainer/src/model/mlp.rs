@@ -127,7 +127,7 @@ impl Mlp {
     /// Mean loss; gradient into `grad_out` when given, as its [`GradWrite`] says.
     pub(crate) fn run(
         &self,
-        params: &[f32],
+        weights: &ParamTensors,
         batch: &Batch,
         grad_out: Option<(&mut [f32], GradWrite)>,
     ) -> Result<f32, TrainerError> {
@@ -156,8 +156,6 @@ impl Mlp {
             });
         }
         super::check_ids("label", &batch.targets, self.classes)?;
-        let weights =
-            ParamTensors::from_flat(&self.layout, params, &self.device, grad_out.is_some())?;
         let mut x = Tensor::from_slice(values, (batch.rows, *width), &self.device)?;
         transfer::uploaded(&self.device, std::mem::size_of_val(values));
         let layers = self.layout.tensors().len() / 2;
@@ -179,11 +177,13 @@ impl Mlp {
             std::mem::size_of_val(batch.targets.as_slice()),
         );
         let loss = cross_entropy(&x, &targets)?;
+        transfer::downloaded(&self.device, std::mem::size_of::<f32>());
+        let value = loss.to_scalar::<f32>()?;
         if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
-            weights.write_grads(&grads, &self.layout, grad_out, write)?;
+            drop((loss, x));
+            weights.write_grads(grads, &self.layout, grad_out, write)?;
         }
-        transfer::downloaded(&self.device, std::mem::size_of::<f32>());
-        Ok(loss.to_scalar::<f32>()?)
+        Ok(value)
     }
 }

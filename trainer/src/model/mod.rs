@@ -15,6 +15,7 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 pub use autograd::GradWrite;
+use autograd::ParamTensors;
 pub use gpt::{Gpt, GptConfig};
 pub use gpt_preset::GptPreset;
 pub use mlp::{Activation, Mlp, MlpConfig};
@@ -166,19 +167,58 @@ impl Model {
         grad_out: &mut [f32],
         write: GradWrite,
     ) -> Result<f32, TrainerError> {
-        TrainerError::check_len("grad", self.param_count(), grad_out.len())?;
+        let tensors = ParamTensors::from_flat(self.layout(), params, self.device(), true)?;
+        self.run(&tensors, batch, Some((grad_out, write)))
+    }
+
+    /// Lends `params` to the model for the passes of one step ([`Model::pass`]), until
+    /// [`Model::give_back`]. On the CPU the flat vector's pages go back to the kernel
+    /// meanwhile (its values read as zeros until given back), so that the step holds the
+    /// parameters once.
+    pub(crate) fn lend(&self, params: &mut [f32]) -> Result<LentParams, TrainerError> {
+        ParamTensors::lend(self.layout(), params, self.device()).map(LentParams)
+    }
+
+    /// Mean loss over the batch at the lent parameters, with its gradient written into
+    /// `grad_out` as `write` says.
+    pub(crate) fn pass(
+        &mut self,
+        lent: &LentParams,
+        batch: &Batch,
+        grad_out: &mut [f32],
+        write: GradWrite,
+    ) -> Result<f32, TrainerError> {
+        self.run(&lent.0, batch, Some((grad_out, write)))
+    }
+
+    /// Ends a loan: `params` holds its values again.
+    pub(crate) fn give_back(
+        &self,
+        lent: LentParams,
+        params: &mut [f32],
+    ) -> Result<(), TrainerError> {
+        lent.0.give_back(self.layout(), params)
+    }
+
+    fn run(
+        &self,
+        tensors: &ParamTensors,
+        batch: &Batch,
+        grad_out: Option<(&mut [f32], GradWrite)>,
+    ) -> Result<f32, TrainerError> {
+        if let Some((grad_out, _)) = &grad_out {
+            TrainerError::check_len("grad", self.param_count(), grad_out.len())?;
+        }
         match self {
-            Model::Mlp(m) => m.run(params, batch, Some((grad_out, write))),
-            Model::Gpt(m) => m.run(params, batch, Some((grad_out, write))),
+            Model::Mlp(m) => m.run(tensors, batch, grad_out),
+            Model::Gpt(m) => m.run(tensors, batch, grad_out),
         }
     }
 
     /// Mean loss over the batch (nats per prediction), without recording a backward graph.
     pub fn eval_loss(&mut self, params: &[f32], batch: &Batch) -> Result<f32, TrainerError> {
-        match self {
-            Model::Mlp(m) => m.run(params, batch, None),
-            Model::Gpt(m) => m.run(params, batch, None),
-        }
+        let tensors = ParamTensors::from_flat(self.layout(), params, self.device(), false)?;
+        self.run(&tensors, batch, None)
     }
 
     /// Mean loss over a whole eval set, each batch weighted by its number of predictions.
@@ -198,6 +238,10 @@ impl Model {
         Ok((total / count as f64) as f32)
     }
 }
+
+/// A model's parameters lent to candle for the passes of one step ([`Model::lend`]).
+#[derive(Debug)]
+pub(crate) struct LentParams(ParamTensors);
 
 /// Checks that every id is below `limit` (candle would refuse, with a less helpful message).
 pub(crate) fn check_ids(what: &str, ids: &[u32], limit: usize) -> Result<(), TrainerError> {
