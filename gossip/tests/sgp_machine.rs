@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use murmur_gossip::Time;
-use murmur_gossip::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use murmur_gossip::sgp::{
+    FRESH_REFERENCE, SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader,
+};
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::ShareOutcome;
 
@@ -296,16 +298,24 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
     let mut a = peer(0, 2, &values, config.clone());
     let mut b = peer(1, 2, &[0.0; 100], config.clone());
 
-    // The first share on an edge is exact and sets both ends' reference.
+    // The first share on an edge quantizes the parameters themselves (a deviation from the
+    // zero reference both ends start from) and sets both ends' reference.
     let (_, first, payload) = step(&mut a);
-    assert_eq!((first.reference, first.codec), (None, CodecSpec::F32));
+    assert_eq!(
+        (first.reference, first.codec),
+        (Some(FRESH_REFERENCE), config.share_codec)
+    );
+    assert!(payload.len() < 100 * 4 / 2, "not an f32 copy");
     let input = SgpInput::ShareReceived {
         from: 0,
         header: first,
         payload: &payload,
     };
-    b.handle(T0, input).expect("exact share");
+    b.handle(T0, input).expect("first share");
     settle(&mut a, 1, first);
+    // Its quantization error stayed in `a`'s numerator: `a` now stands at `values` plus it.
+    let mut settled = vec![0.0; 100];
+    a.debiased_into(&mut settled).expect("mass");
 
     // The next is a quantized deviation from that reference.
     outputs(&mut a);
@@ -339,7 +349,7 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
     assert_eq!(a.state().weight(), weight_before + second.weight);
     let mut z = vec![0.0; 100];
     a.debiased_into(&mut z).expect("mass");
-    for ((&z, &x), &v) in z.iter().zip(&numerator_before).zip(&values) {
+    for ((&z, &x), &v) in z.iter().zip(&numerator_before).zip(&settled) {
         assert!((z - v).abs() < 1e-5, "z {z} x {x} v {v}");
     }
     assert!(
@@ -348,23 +358,26 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
     );
 }
 
-/// A quantized peer 0 whose first (exact) share reached peer 1 and was confirmed, and the
-/// values it started from.
+/// A quantized peer 0 whose first share (from the zero reference) reached peer 1 and was
+/// confirmed, and its de-biased parameters then: what it started from, plus that share's
+/// quantization error, which stays with it.
 fn quantized_sender() -> (SgpPeer<u32>, Vec<f32>) {
     let values: Vec<f32> = (0..100).map(|i| i as f32 * 0.1).collect();
     let config = int8_config();
     let mut a = peer(0, 2, &values, config.clone());
     let mut b = peer(1, 2, &[0.0; 100], config);
     let (to, first, payload) = step(&mut a);
-    assert_eq!(first.reference, None);
+    assert_eq!(first.reference, Some(FRESH_REFERENCE));
     let input = SgpInput::ShareReceived {
         from: 0,
         header: first,
         payload: &payload,
     };
-    b.handle(T0, input).expect("exact share");
+    b.handle(T0, input).expect("first share");
     settle(&mut a, to, first);
-    (a, values)
+    let mut settled = vec![0.0; values.len()];
+    a.debiased_into(&mut settled).expect("mass");
+    (a, settled)
 }
 
 /// A refusal of the share of `step` that `a` cannot take back: an error, and no change.
@@ -377,7 +390,7 @@ fn assert_not_taken_back(a: &mut SgpPeer<u32>, step: u64) {
 }
 
 #[test]
-fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_goes_exactly() {
+fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_starts_the_edge_afresh() {
     let (mut a, values) = quantized_sender();
 
     // A quantized share the transport delivered, to a receiver that restarted meanwhile.
@@ -418,15 +431,19 @@ fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_goes_exactly() 
     // A second notice of the same share finds nothing to take back and changes nothing.
     assert_not_taken_back(&mut a, second.step);
 
-    // The edge was forgotten: the next share is exact, and the restarted peer takes it.
+    // The edge was forgotten: the next share starts it again from zero, and the restarted
+    // peer takes it.
     let (_, third, payload) = step(&mut a);
-    assert_eq!((third.reference, third.codec), (None, CodecSpec::F32));
+    assert_eq!(
+        (third.reference, third.codec),
+        (Some(FRESH_REFERENCE), int8_config().share_codec)
+    );
     let input = SgpInput::ShareReceived {
         from: 0,
         header: third,
         payload: &payload,
     };
-    restarted.handle(T0, input).expect("an exact share");
+    restarted.handle(T0, input).expect("a fresh edge's share");
 }
 
 #[test]
@@ -618,9 +635,12 @@ fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel(
     for (&z, &v) in z.iter().zip(&values) {
         assert!((z - v).abs() < 1e-5, "z {z} v {v}");
     }
-    // The edge was forgotten with it: the next share goes exactly.
+    // The edge was forgotten with it: the next share starts it again from zero.
     let (_, next, _) = step(&mut a);
-    assert_eq!((next.reference, next.codec), (None, CodecSpec::F32));
+    assert_eq!(
+        (next.reference, next.codec),
+        (Some(FRESH_REFERENCE), int8_config().share_codec)
+    );
 }
 
 #[test]
@@ -815,7 +835,7 @@ fn a_long_quantized_share_with_a_bad_last_block_is_refused_before_any_piece_appl
     let values_b: Vec<f32> = (0..LEN).map(|k| 2.0 * (k as f32 * 0.013).cos()).collect();
     let mut a = SgpPeer::new(0, 0..2, values_a.clone(), config.clone()).expect("config");
     let mut b = SgpPeer::new(1, 0..2, values_b.clone(), config).expect("config");
-    // The first shares each way are exact; each end takes the other's.
+    // The first shares each way start their edges from zero; each end takes the other's.
     let (_, a0, a0_payload) = step(&mut a);
     let (_, b0, b0_payload) = step(&mut b);
     fn received(from: u32, header: ShareHeader, payload: &[u8]) -> SgpInput<'_, u32> {
@@ -825,8 +845,8 @@ fn a_long_quantized_share_with_a_bad_last_block_is_refused_before_any_piece_appl
             payload,
         }
     }
-    b.handle(T0, received(0, a0, &a0_payload)).expect("exact");
-    a.handle(T0, received(1, b0, &b0_payload)).expect("exact");
+    b.handle(T0, received(0, a0, &a0_payload)).expect("first");
+    a.handle(T0, received(1, b0, &b0_payload)).expect("first");
     settle(&mut a, 1, a0);
     settle(&mut b, 0, b0);
     // `a` moved towards `b`: its next share quantizes a deviation from the reference.

@@ -2,7 +2,7 @@
 //! `net.max_frame_payload`, so that `config check` refuses a model whose shares or segments
 //! cannot travel instead of `run` training alone while every send fails.
 //!
-//! - An SGP share is the whole parameter vector, and the first share on each edge is exact
+//! - An SGP share is the whole parameter vector, and a leaving peer's hand-off is exact
 //!   (`f32`) whatever the codec; it travels in pieces of at most a frame, at most
 //!   [`MAX_SHARE_PIECES`] of them, so only a frame too small for that many is refused.
 //! - A sync-ring segment is a `1/g` part of the vector in one frame, for a group of `g`
@@ -37,7 +37,7 @@ pub(crate) struct FrameNeed {
 /// Which of a mode's frames is the largest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FrameKind {
-    /// A piece of the first (exact) SGP share on an edge, the whole vector cut into at most
+    /// A piece of an exact SGP share (a hand-off), the whole vector cut into at most
     /// [`MAX_SHARE_PIECES`] pieces.
     SgpShare,
     /// A sync-ring segment in a group of `min_group` peers.
@@ -90,8 +90,8 @@ impl fmt::Display for FrameNeed {
             FrameKind::SgpShare => write!(
                 f,
                 "an SGP share travels in at most {MAX_SHARE_PIECES} pieces of a frame each, \
-                 so frames of at least {size} ({elements} parameters a piece; the first share \
-                 on each edge is sent exactly, as f32)"
+                 so frames of at least {size} ({elements} parameters a piece; a leaving peer \
+                 hands its share off exactly, as f32)"
             ),
             FrameKind::RingSegment { min_group } => write!(
                 f,

@@ -33,6 +33,8 @@ pub(crate) struct Counters {
     /// SGP: shares received from other peers and folded in (0 in the round-based modes,
     /// whose `round` lines say when they averaged).
     pub(crate) shares_received: u64,
+    /// SGP with a lossy codec: shares that started an edge from the zero reference.
+    pub(crate) edges_started: u64,
     /// SGP: this peer's push-sum weight `w` (`None` in the round-based modes).
     pub(crate) push_sum_weight: Option<f64>,
     /// The last consensus drift measured: the relative L2 distance between this peer's
@@ -151,6 +153,7 @@ impl Progress {
             "peers": c.peers,
             "rounds": c.rounds,
             "shares_received": c.shares_received,
+            "edges_started": c.edges_started,
             "push_sum_weight": c.push_sum_weight,
             "mode": self.mode,
             "drift": c.drift,

@@ -108,6 +108,7 @@ pub(crate) async fn train(
                     peer.metrics.averaging.set_push_sum_weight(weight);
                     peer.counters.rounds = status.shares_sent;
                     peer.counters.shares_received = status.shares_received;
+                    peer.counters.edges_started = status.edges_started;
                     peer.counters.push_sum_weight = Some(weight);
                 }
                 peer.report_progress(status.peers);

@@ -221,6 +221,9 @@ pub struct EngineStatus {
     pub shares_held: u64,
     /// SGP: shares sent that no receipt has settled yet.
     pub shares_unsettled: u64,
+    /// SGP with a lossy codec: shares that started an edge from the zero reference
+    /// ([`crate::sgp::SgpStats::edges_started`]).
+    pub edges_started: u64,
     /// Rounds finished (in a group or alone).
     pub rounds: u64,
 }

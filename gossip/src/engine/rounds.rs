@@ -1463,6 +1463,7 @@ impl<P: PeerKey> Engine<P> for RoundEngine<P> {
             shares_received: 0,
             shares_returned: 0,
             shares_held: 0,
+            edges_started: 0,
             shares_unsettled: 0,
             rounds: self.rounds_done,
         }

@@ -334,7 +334,7 @@ impl<P: PeerKey> SgpEngine<P> {
     /// A share the machine would not take: logged, and its sender told when it can take
     /// the share back (a quantized share built on a reference this peer does not hold: it
     /// restarted since, or dropped that edge). The sender then takes the mass back and
-    /// sends exactly next time, instead of losing half its mass on every share until the
+    /// starts the edge again from zero, instead of losing half its mass on every share until the
     /// membership layer notices the restart.
     fn refuse(&mut self, from: P, step: u64, error: &SgpError) {
         if let SgpError::Cancelled { .. } = error {
@@ -550,6 +550,7 @@ impl<P: PeerKey> Engine<P> for SgpEngine<P> {
             shares_received: stats.shares_received,
             shares_returned: stats.shares_returned,
             shares_held: stats.shares_held,
+            edges_started: stats.edges_started,
             shares_unsettled: self.machine.unsettled() as u64,
             rounds: stats.shares_sent,
         }

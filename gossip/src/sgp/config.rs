@@ -45,7 +45,8 @@ pub struct SgpConfig {
     )]
     pub share_codec: CodecSpec,
     /// With a lossy share codec: at most this many out-edge and this many in-edge references
-    /// are kept; the least recently used is dropped first (its next share is sent exactly).
+    /// are kept; the least recently used is dropped first (its next share starts it again
+    /// from the zero reference).
     pub max_edge_references: usize,
     /// With a lossy share codec: at most this many bytes of reference vectors, both
     /// directions together. Each reference is a whole `f32` parameter vector, so this bounds

@@ -15,7 +15,7 @@ use super::membership::MembershipView;
 use super::quantized::EdgeReferences;
 use super::receipts::Receipts;
 use super::schedule::ExponentialGraph;
-use super::share::ShareHeader;
+use super::share::{FRESH_REFERENCE, ShareHeader};
 use super::state::PushSumState;
 
 /// What happened, as told to an [`SgpPeer`].
@@ -59,7 +59,7 @@ pub enum SgpInput<'a, P> {
     },
     /// The receiver of a quantized share refused it after the transport delivered it: it
     /// does not hold the reference the share was built on (it restarted, or dropped the
-    /// edge). The peer takes the share back and sends its next share to `by` exactly;
+    /// edge). The peer takes the share back and starts its edge to `by` again from zero;
     /// [`SgpError::NotTakenBack`] when a later share on that edge already replaced it.
     ShareRefused {
         /// The receiver that refused it, as the transport authenticated it.
@@ -164,6 +164,12 @@ pub struct SgpStats {
     /// its last one (a quantized edge carries one share at a time, an exact edge four):
     /// their mass stays here for a later step.
     pub shares_held: u64,
+    /// Quantized shares that started an edge from the zero reference: the first on each
+    /// edge, and the first after the edge was dropped (its reference evicted by
+    /// `max_edge_references` or `max_reference_bytes`, refused, or timed out). Such a share
+    /// quantizes the parameters themselves, not a deviation from them, so a count that
+    /// keeps climbing says the edges' references do not last.
+    pub edges_started: u64,
 }
 
 /// Receipt deadlines (`share_timeout_ms` each) an unsettled share waits for a receiver out
@@ -406,7 +412,7 @@ impl<P: PeerKey> SgpPeer<P> {
     ///
     /// The spare buffers hold at most three shares' worth of bytes in all, a
     /// share being what this peer's codec encodes the whole vector into. A buffer larger
-    /// than that (an exact first share or a hand-off in a quantized swarm) is freed rather
+    /// than that (an `f32` hand-off in a quantized swarm) is freed rather
     /// than kept: reused for quantized shares it would hold four times their bytes.
     pub fn recycle(&mut self, mut payload: Vec<u8>) {
         // Enough to cover a step's shares and pieces plus a few returns.
@@ -627,6 +633,9 @@ impl<P: PeerKey> SgpPeer<P> {
             return;
         };
         self.next_seq += 1;
+        if reference == Some(FRESH_REFERENCE) {
+            self.stats.edges_started += 1;
+        }
         // An exact share is taken back from a copy; a quantized edge's reference suffices.
         let kept = (self.edges.is_none() || matches!(portion, Portion::All)).then(|| {
             let mut kept = self.spare_payloads.pop().unwrap_or_default();

@@ -60,7 +60,7 @@
 //! - *Restart*: a peer that restarts under the same identity has lost its edge references,
 //!   while its neighbours may not have noticed yet. It refuses their quantized shares
 //!   ([`SgpError::StaleReference`]) and tells each sender, who takes the share back
-//!   ([`SgpInput::ShareRefused`]) and shares exactly from then on.
+//!   ([`SgpInput::ShareRefused`]) and starts that edge again from the zero reference.
 //! - *Weight underflow*: crashes lose mass, so under long churn the swarm's total weight
 //!   shrinks geometrically, and an `f32` numerator `x = w·z` would underflow to zero. A peer
 //!   whose weight falls below [`MIN_WEIGHT`] scales its pair by a power of two before it
@@ -85,5 +85,5 @@ pub use machine::{
 };
 pub use membership::MembershipView;
 pub use schedule::{ExponentialGraph, OutDegree};
-pub use share::ShareHeader;
+pub use share::{FRESH_REFERENCE, ShareHeader};
 pub use state::{MIN_WEIGHT, PushSumState};

@@ -11,8 +11,11 @@
 //! is the codec's error on `z_i − r`, which is how far the sender moved since its last
 //! share on this edge: it shrinks as the swarm agrees.
 //!
-//! The first share on an edge, and the first after the edge was forgotten, is sent exactly
-//! (`f32`) and sets the reference to `s / w_s`. An edge carries at most one unconfirmed
+//! An edge starts from the zero reference at both ends: its first share, and the first after
+//! the edge was forgotten, is `Q(z_i)`, marked [`FRESH_REFERENCE`], and its quantization
+//! error stays in the sender's numerator like any other share's. A share is never a whole
+//! `f32` copy of the parameters, which at a model's size would outgrow every other buffer
+//! the edge keeps for as long as it travels. An edge carries at most one unconfirmed
 //! share (confirmed by its receiver's receipt); a share due on an edge still waiting is
 //! skipped (the peer keeps that mass), so that a returned or cancelled share can always be
 //! taken back exactly. A receiver whose reference does
@@ -27,7 +30,7 @@ use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 use crate::PeerKey;
 
 use super::error::SgpError;
-use super::share::ShareHeader;
+use super::share::{FRESH_REFERENCE, ShareHeader};
 use super::state::{F32_BYTES, PushSumState};
 
 /// The sender's end of an edge.
@@ -130,36 +133,32 @@ impl<P: PeerKey> EdgeReferences<P> {
         {
             return None;
         }
-        let Some(at) = at else {
-            // No reference yet: send exactly, and let both ends derive one from the share.
-            let weight = state.split_f32(fraction, payload);
-            let mut reference = vec![0.0; state.len()];
-            reference_from_share(payload, weight, &mut reference);
-            self.make_room_out();
-            self.out_edges.push(OutEdge {
-                peer: to,
-                version: step,
-                reference,
-                unconfirmed: Some(seq),
-                last_weight: weight,
-                orphaned: false,
-                last_used: clock,
-            });
-            return Some(SplitShare {
-                weight,
-                reference: None,
-                codec: CodecSpec::F32,
-            });
-        };
         if state.weight() <= 0.0 {
             return None;
         }
+        let at = match at {
+            Some(at) => at,
+            None => {
+                // No reference yet: both ends start this edge from zero.
+                self.make_room_out();
+                self.out_edges.push(OutEdge {
+                    peer: to,
+                    version: FRESH_REFERENCE,
+                    reference: vec![0.0; state.len()],
+                    unconfirmed: None,
+                    last_weight: 0.0,
+                    orphaned: false,
+                    last_used: clock,
+                });
+                self.out_edges.len() - 1
+            }
+        };
         self.encode_deviation(state, at, payload)?;
         // r ← r + Q⁻¹(Q(z − r)): the value both ends will hold.
         let (codec, temp) = (&mut self.codec, &mut self.piece_bytes);
         let reference = &mut self.out_edges[at].reference;
         if move_reference(codec, payload, reference, self.piece, temp).is_err() {
-            // Only a part of `r` moved: the edge starts again with an exact share.
+            // Only a part of `r` moved: the edge starts again from zero.
             self.out_edges.swap_remove(at);
             return None;
         }
@@ -217,14 +216,21 @@ impl<P: PeerKey> EdgeReferences<P> {
     }
 
     /// Whether `r + Q⁻¹(payload)` decodes and is finite everywhere, `r` the reference of
-    /// in-edge `at`: checked a piece at a time, before anything changes.
-    fn check_share(&mut self, at: usize, payload: &[u8]) -> Result<(), SgpError> {
-        let reference = &self.in_edges[at].reference;
-        let len = reference.len();
+    /// in-edge `at` (`None`: the zero reference of a fresh edge), checked a piece at a time,
+    /// before anything changes.
+    fn check_share(
+        &mut self,
+        at: Option<usize>,
+        len: usize,
+        payload: &[u8],
+    ) -> Result<(), SgpError> {
         for start in (0..len).step_by(self.piece) {
             let end = (start + self.piece).min(len);
             let piece = &mut self.scratch[..end - start];
-            piece.copy_from_slice(&reference[start..end]);
+            match at {
+                Some(at) => piece.copy_from_slice(&self.in_edges[at].reference[start..end]),
+                None => piece.fill(0.0),
+            }
             add_decoded(
                 &mut self.codec,
                 payload,
@@ -278,19 +284,41 @@ impl<P: PeerKey> EdgeReferences<P> {
             });
         }
         super::state::check_share_weight(header.weight)?;
-        let at = self
-            .in_edges
-            .iter()
-            .position(|edge| edge.peer == from && edge.version == version)
-            .ok_or(SgpError::StaleReference { version })?;
-        // Checked whole first, then applied: a refused share changes nothing.
-        self.check_share(at, payload)?;
+        let at = if version == FRESH_REFERENCE {
+            // The sender starts this edge again from zero, whatever this end held for it.
+            // Checked whole first, then applied: a refused share changes nothing.
+            self.check_share(None, state.len(), payload)?;
+            match self.in_edges.iter().position(|edge| edge.peer == from) {
+                Some(at) => {
+                    self.in_edges[at].reference.fill(0.0);
+                    at
+                }
+                None => {
+                    self.make_room_in();
+                    self.in_edges.push(InEdge {
+                        peer: from,
+                        version: FRESH_REFERENCE,
+                        reference: vec![0.0; state.len()],
+                        last_used: 0,
+                    });
+                    self.in_edges.len() - 1
+                }
+            }
+        } else {
+            let at = self
+                .in_edges
+                .iter()
+                .position(|edge| edge.peer == from && edge.version == version)
+                .ok_or(SgpError::StaleReference { version })?;
+            self.check_share(Some(at), state.len(), payload)?;
+            at
+        };
         let edge = &mut self.in_edges[at];
         let (codec, temp) = (&mut self.codec, &mut self.piece_bytes);
         if let Err(error) = move_reference(codec, payload, &mut edge.reference, self.piece, temp) {
             // The bytes just checked did not decode again: the reference moved in part, so
             // the edge is forgotten, and the sender's next share is refused and taken back,
-            // then sent exactly.
+            // then the edge starts again from zero.
             self.in_edges.swap_remove(at);
             return Err(SgpError::BadPayload(error.to_string()));
         }
@@ -336,7 +364,7 @@ impl<P: PeerKey> EdgeReferences<P> {
 
     /// Takes back the share of `step` that `to` refused after taking delivery (it did not
     /// hold the reference the share was built on), and forgets the edge, so that the next
-    /// share to `to` goes exactly. Returns the share's sequence number if the transport has
+    /// share to `to` starts it again from zero. Returns the share's sequence number if the transport has
     /// not confirmed it yet.
     ///
     /// Fails, leaving `state` untouched, unless that share is still the edge's last: a later

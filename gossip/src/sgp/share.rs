@@ -3,6 +3,10 @@
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::PushSumShare;
 
+/// The `reference` of a share built on the zero reference: the first share on a new edge, or
+/// on an edge its sender forgot. Never a step (steps count from zero, one per local step).
+pub const FRESH_REFERENCE: u64 = u64::MAX;
+
 /// The scalar part of a share; the numerator travels beside it as a payload.
 ///
 /// The fields map onto the wire message `murmur_protocol::message::PushSumShare`, except
@@ -18,7 +22,8 @@ pub struct ShareHeader {
     pub weight: f64,
     /// `None`: the payload is the numerator share itself, as `f32`. `Some(s)`: the payload
     /// is the deviation of the sender's de-biased parameters from the reference this edge
-    /// agreed on at the sender's step `s`, encoded with `codec`.
+    /// agreed on at the sender's step `s`, encoded with `codec`; `Some(FRESH_REFERENCE)`:
+    /// from the zero reference a new edge starts from.
     pub reference: Option<u64>,
     /// How the payload is encoded.
     pub codec: CodecSpec,

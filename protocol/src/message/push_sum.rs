@@ -38,7 +38,8 @@ pub struct PushSumShare<'a> {
     /// The share of the sender's push-sum weight; finite and greater than zero.
     pub weight: f64,
     /// `None`: the payload is the numerator share itself. `Some(s)`: the payload is its
-    /// deviation from the reference both sides agreed on at step `s`.
+    /// deviation from the reference both sides agreed on at step `s`; `Some(u64::MAX)`:
+    /// from the zero reference, on an edge its sender starts afresh.
     pub reference_step: Option<u64>,
     /// How `payload` is encoded.
     pub codec: CodecSpec,
