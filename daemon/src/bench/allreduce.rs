@@ -319,7 +319,7 @@ fn run_peers(
     if let Some(logs) = logs {
         write_round_lines(&logs.join("rounds.jsonl"), &collected.rounds)?;
     }
-    let median_time = report(args, variant, stream_bps, &collected, logs)?;
+    let median_time = report(args, variant, stream_bps, &collected, (missed, logs))?;
     Ok((median_time, logs.is_some()))
 }
 
@@ -569,7 +569,7 @@ fn report(
     variant: Variant,
     stream_bps: Option<f64>,
     collected: &Collected,
-    logs: Option<&std::path::Path>,
+    (missed, logs): (u64, Option<&std::path::Path>),
 ) -> anyhow::Result<f64> {
     let discovery_s = collected.discovery_s;
     let rows = round_rows(args, stream_bps, &collected.rounds)?;
@@ -577,10 +577,6 @@ fn report(
     let peak_rss = collected.peak_rss.iter().flatten().copied().max();
     let vector_bytes = args.elements as f64 * 4.0;
     let peak_rss_per_vector = peak_rss.map(|b| b as f64 / vector_bytes);
-    let missed: u64 = rows
-        .iter()
-        .filter_map(|r| r["missed_shares"].as_u64())
-        .sum();
     let median = |key: &str| {
         let mut v: Vec<f64> = rows.iter().filter_map(|r| r[key].as_f64()).collect();
         v.sort_by(f64::total_cmp);
