@@ -66,15 +66,16 @@ fn a_steps_passes_hold_the_parameters_and_the_gradient_once() {
     assert_eq!(params, before, "the parameters came back as they were lent");
     assert!(grad.iter().any(|&g| g != 1.0 && g != 0.0));
     // With the flat vectors kept resident beside candle's copies the peak rose 3.0 times
-    // the parameters' bytes; handing their pages back, 1.06 times (candle's backward holds
-    // about one vector besides its gradients until they are moved out).
+    // the parameters' bytes; with their pages handed back, 1.06 times, of which candle's own
+    // matmul kept about one vector alive (each weight's raw gradient, recorded by its sum);
+    // with the trainer's `linear` op as well, 0.08 times.
     eprintln!(
         "peak resident memory rose {rise} bytes over the passes; the parameters are {bytes} \
          bytes ({:.2}×)",
         rise as f64 / bytes as f64
     );
     assert!(
-        rise < bytes * 3 / 2,
+        rise < bytes / 2,
         "the passes raised the peak by {rise} bytes, the parameters are {bytes}"
     );
 }

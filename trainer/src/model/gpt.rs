@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::autograd::{GradWrite, ParamTensors, layer_norm, softmax_last};
 use super::gpt_preset::GptSection;
+use super::linear::linear;
 use super::projected_loss::projected_cross_entropy;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
@@ -229,7 +230,7 @@ impl Gpt {
             let w = |k: usize| p.get(2 + layer * PER_BLOCK + k);
             // Attention.
             let a = layer_norm(&x, w(0), w(1), LN_EPS)?;
-            let qkv = a.matmul(w(2))?.broadcast_add(w(3))?;
+            let qkv = linear(&a, w(2))?.broadcast_add(w(3))?;
             let qkv = qkv.reshape((rows, t, 3, h, hd))?.permute((2, 0, 3, 1, 4))?;
             let q = qkv.get(0)?.contiguous()?;
             let k = qkv.get(1)?.contiguous()?;
@@ -237,11 +238,11 @@ impl Gpt {
             let att = q.matmul(&k.t()?)?.affine(scale, 0.0)?;
             let att = softmax_last(&att.broadcast_add(&mask)?)?;
             let y = att.matmul(&v)?.transpose(1, 2)?.reshape((n, d))?;
-            x = (x + y.matmul(w(4))?.broadcast_add(w(5))?)?;
+            x = (x + linear(&y, w(4))?.broadcast_add(w(5))?)?;
             // MLP.
             let m = layer_norm(&x, w(6), w(7), LN_EPS)?;
-            let m = super::gelu::apply(&m.matmul(w(8))?.broadcast_add(w(9))?)?;
-            x = (x + m.matmul(w(10))?.broadcast_add(w(11))?)?;
+            let m = super::gelu::apply(&linear(&m, w(8))?.broadcast_add(w(9))?)?;
+            x = (x + linear(&m, w(10))?.broadcast_add(w(11))?)?;
         }
         let last = 2 + self.layers * PER_BLOCK;
         let x = layer_norm(&x, p.get(last), p.get(last + 1), LN_EPS)?;

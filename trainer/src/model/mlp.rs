@@ -4,6 +4,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::autograd::{GradWrite, ParamTensors, cross_entropy};
+use super::linear::linear;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
@@ -162,7 +163,7 @@ impl Mlp {
         for layer in 0..layers {
             let w = weights.get(2 * layer);
             let b = weights.get(2 * layer + 1);
-            x = x.matmul(w)?.broadcast_add(b)?;
+            x = linear(&x, w)?.broadcast_add(b)?;
             if layer + 1 < layers {
                 x = match self.activation {
                     Activation::Relu => x.relu()?,

@@ -8,6 +8,7 @@ mod autograd;
 mod gelu;
 mod gpt;
 mod gpt_preset;
+mod linear;
 mod mlp;
 mod projected_loss;
 
