@@ -7,7 +7,7 @@ use crate::data::{
     DataConfig, DataSource, Dataset, MarkovConfig, PeerSampling, TeacherConfig, open_dataset,
 };
 use crate::error::{ConfigError, TrainerError};
-use crate::model::{Activation, GptConfig, GradWrite, LentParams, MlpConfig, Model, ModelConfig};
+use crate::model::{Activation, GptConfig, GradWrite, MlpConfig, Model, ModelConfig, ParamTensors};
 use crate::optim::{Optimizer, OptimizerConfig};
 use crate::schedule::{LrSchedule, ScheduleConfig};
 
@@ -138,7 +138,7 @@ impl Task {
 
     fn passes(
         &mut self,
-        lent: &LentParams,
+        lent: &ParamTensors,
         batch: &mut Batch,
         grad: &mut [f32],
         passes: usize,

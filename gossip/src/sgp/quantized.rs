@@ -258,19 +258,7 @@ impl<P: PeerKey> EdgeReferences<P> {
         let Some(version) = header.reference else {
             check_exact(header.codec)?;
             state.absorb_f32(header.weight, payload)?;
-            let at = match self.in_edges.iter().position(|edge| edge.peer == from) {
-                Some(at) => at,
-                None => {
-                    self.make_room_in();
-                    self.in_edges.push(InEdge {
-                        peer: from,
-                        version: 0,
-                        reference: vec![0.0; state.len()],
-                        last_used: 0,
-                    });
-                    self.in_edges.len() - 1
-                }
-            };
+            let at = self.in_edge(from, state.len());
             let edge = &mut self.in_edges[at];
             reference_from_share(payload, header.weight, &mut edge.reference);
             edge.version = header.step;
@@ -288,22 +276,9 @@ impl<P: PeerKey> EdgeReferences<P> {
             // The sender starts this edge again from zero, whatever this end held for it.
             // Checked whole first, then applied: a refused share changes nothing.
             self.check_share(None, state.len(), payload)?;
-            match self.in_edges.iter().position(|edge| edge.peer == from) {
-                Some(at) => {
-                    self.in_edges[at].reference.fill(0.0);
-                    at
-                }
-                None => {
-                    self.make_room_in();
-                    self.in_edges.push(InEdge {
-                        peer: from,
-                        version: FRESH_REFERENCE,
-                        reference: vec![0.0; state.len()],
-                        last_used: 0,
-                    });
-                    self.in_edges.len() - 1
-                }
-            }
+            let at = self.in_edge(from, state.len());
+            self.in_edges[at].reference.fill(0.0);
+            at
         } else {
             let at = self
                 .in_edges
@@ -364,8 +339,8 @@ impl<P: PeerKey> EdgeReferences<P> {
 
     /// Takes back the share of `step` that `to` refused after taking delivery (it did not
     /// hold the reference the share was built on), and forgets the edge, so that the next
-    /// share to `to` starts it again from zero. Returns the share's sequence number if the transport has
-    /// not confirmed it yet.
+    /// share to `to` starts it again from zero. Returns the share's sequence number if the
+    /// transport has not confirmed it yet.
     ///
     /// Fails, leaving `state` untouched, unless that share is still the edge's last: a later
     /// one overwrote the reference it needs (that one will be refused and taken back in its
@@ -433,6 +408,22 @@ impl<P: PeerKey> EdgeReferences<P> {
         {
             self.out_edges.swap_remove(at);
         }
+    }
+
+    /// The index of the in-edge from `from`, made (a zero reference of `len` elements) if
+    /// there is none; its version and use are the caller's to set.
+    fn in_edge(&mut self, from: P, len: usize) -> usize {
+        if let Some(at) = self.in_edges.iter().position(|edge| edge.peer == from) {
+            return at;
+        }
+        self.make_room_in();
+        self.in_edges.push(InEdge {
+            peer: from,
+            version: 0,
+            reference: vec![0.0; len],
+            last_used: 0,
+        });
+        self.in_edges.len() - 1
     }
 
     /// Drops the least recently used in-edge if the table is full.

@@ -16,7 +16,7 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 pub use autograd::GradWrite;
-use autograd::ParamTensors;
+pub(crate) use autograd::ParamTensors;
 pub use gpt::{Gpt, GptConfig};
 pub use gpt_preset::GptPreset;
 pub use mlp::{Activation, Mlp, MlpConfig};
@@ -176,29 +176,29 @@ impl Model {
     /// [`Model::give_back`]. On the CPU the flat vector's pages go back to the kernel
     /// meanwhile (its values read as zeros until given back), so that the step holds the
     /// parameters once.
-    pub(crate) fn lend(&self, params: &mut [f32]) -> Result<LentParams, TrainerError> {
-        ParamTensors::lend(self.layout(), params, self.device()).map(LentParams)
+    pub(crate) fn lend(&self, params: &mut [f32]) -> Result<ParamTensors, TrainerError> {
+        ParamTensors::lend(self.layout(), params, self.device())
     }
 
     /// Mean loss over the batch at the lent parameters, with its gradient written into
     /// `grad_out` as `write` says.
     pub(crate) fn pass(
         &mut self,
-        lent: &LentParams,
+        lent: &ParamTensors,
         batch: &Batch,
         grad_out: &mut [f32],
         write: GradWrite,
     ) -> Result<f32, TrainerError> {
-        self.run(&lent.0, batch, Some((grad_out, write)))
+        self.run(lent, batch, Some((grad_out, write)))
     }
 
     /// Ends a loan: `params` holds its values again.
     pub(crate) fn give_back(
         &self,
-        lent: LentParams,
+        lent: ParamTensors,
         params: &mut [f32],
     ) -> Result<(), TrainerError> {
-        lent.0.give_back(self.layout(), params)
+        lent.give_back(self.layout(), params)
     }
 
     fn run(
@@ -239,10 +239,6 @@ impl Model {
         Ok((total / count as f64) as f32)
     }
 }
-
-/// A model's parameters lent to candle for the passes of one step ([`Model::lend`]).
-#[derive(Debug)]
-pub(crate) struct LentParams(ParamTensors);
 
 /// Checks that every id is below `limit` (candle would refuse, with a less helpful message).
 pub(crate) fn check_ids(what: &str, ids: &[u32], limit: usize) -> Result<(), TrainerError> {
