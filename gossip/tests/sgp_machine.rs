@@ -795,9 +795,9 @@ fn spare_buffers_hold_at_most_three_shares_and_none_larger_than_one() {
     assert_eq!(kept, 3);
 }
 
-/// Edge references are bounded by bytes as well as by count: a pair of `len`-long `f32`
-/// vectors per edge, each way, and one edge each way whatever the budget (every edge in
-/// use needs its reference).
+/// Edge references are bounded by bytes as well as by count: a pair of references (16
+/// bits an element and a scale per 64) and the out-edge's last share per edge, and one
+/// edge each way whatever the budget (every edge in use needs its reference).
 #[test]
 fn the_reference_budget_bounds_the_edges_by_the_model_s_size() {
     let config = SgpConfig {
@@ -805,12 +805,19 @@ fn the_reference_budget_bounds_the_edges_by_the_model_s_size() {
         max_reference_bytes: 3 << 20,
         ..int8_config()
     };
-    // A pair of 2^17 elements is 1 MiB: three fit.
-    assert_eq!(config.edge_capacity(1 << 17), 3);
+    let len = 1 << 17;
+    let share = murmur_protocol::codec::Codec::new(CodecSpec::Int8 { block: 64 })
+        .expect("codec")
+        .max_encoded_len(len);
+    let pair = 2 * (2 * len + len / 64 * 4) + share;
+    assert_eq!(config.edge_pair_bytes(len), pair as u64);
+    // A pair of 2^17 elements is 0.65 MiB: four fit in 3 MiB.
+    assert_eq!(config.edge_capacity(len), 4);
+    assert_eq!(4, (3 << 20) / pair);
     // A small model: the count bound.
     assert_eq!(config.edge_capacity(1024), 8);
-    // Two pairs' worth of elements: none fits, one is kept.
-    assert_eq!(config.edge_capacity(1 << 19), 1);
+    // A pair of 2^20 elements is over 3 MiB: none fits, one is kept.
+    assert_eq!(config.edge_capacity(1 << 20), 1);
     let tiny = SgpConfig {
         max_reference_bytes: 1000,
         ..int8_config()

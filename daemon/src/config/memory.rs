@@ -9,8 +9,9 @@
 //! - the averaging mode's buffers: [`averaging_copies`] more copies (push-sum numerators,
 //!   one pair of edge references and shares in flight for SGP; a round's vectors for the
 //!   others), from peak memory measured per mode and rounded up, and for SGP with a lossy
-//!   codec two more for every further edge it may keep (`averaging.sgp.max_edge_references`
-//!   and `max_reference_bytes` bound them: [`SgpConfig::references_each_way`]);
+//!   codec a pair's bytes for every further edge it may keep ([`SgpConfig::edge_pair_bytes`];
+//!   `averaging.sgp.max_edge_references` and `max_reference_bytes` bound them:
+//!   [`SgpConfig::references_each_way`]);
 //! - the activations one pass keeps for its backward pass (a batch, or one micro-batch of
 //!   it) (a GPT's per-token blocks, attention scores and logits; an MLP's layer outputs),
 //!   twice over for their gradients.
@@ -127,8 +128,13 @@ pub(crate) fn estimate(
     sgp: Option<&SgpConfig>,
 ) -> MemoryEstimate {
     let references_each_way = sgp.and_then(|sgp| sgp.references_each_way(params));
-    // The measured copies hold one pair; every further edge adds one reference each way.
-    let further = references_each_way.map_or(0, |each_way| 2 * (each_way as u64 - 1));
+    // The measured copies hold one pair; every further edge adds a pair's bytes.
+    let further = match (sgp, references_each_way) {
+        (Some(sgp), Some(each_way)) => sgp
+            .edge_pair_bytes(params)
+            .saturating_mul(each_way as u64 - 1),
+        _ => 0,
+    };
     let params = params as u64;
     let batch = (task.data.batch_size / micro_batches.max(1)).max(1) as u64;
     let per_sample = match (&task.model, shape) {
@@ -155,7 +161,9 @@ pub(crate) fn estimate(
         params,
         state_bytes: params.saturating_mul(STATE_COPIES * F32),
         mode,
-        averaging_bytes: params.saturating_mul((averaging_copies(mode) + further) * F32),
+        averaging_bytes: params
+            .saturating_mul(averaging_copies(mode) * F32)
+            .saturating_add(further),
         references_each_way,
         activation_bytes: per_sample.saturating_mul(batch).saturating_mul(2 * F32),
     }
@@ -189,20 +197,26 @@ mod tests {
     fn sgp_counts_a_reference_pair_per_edge_its_byte_budget_holds() {
         let task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
-        // 124M parameters: 496 MB a vector, so the default 2 GiB holds two pairs.
+        // 124M parameters: a pair of edges keeps two 16-bit references (248 MB each, and
+        // their scales) and an int8 share (132 MB), so the default 2 GiB holds three pairs.
         let params = 124_000_000;
         let mut config = sgp();
-        let two = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
-        assert_eq!(two.references_each_way, Some(2), "{two}");
-        assert_eq!(two.averaging_bytes, params as u64 * (12 + 2) * 4);
-        config.max_reference_bytes = params as u64 * 2 * 4;
+        let pair = config.edge_pair_bytes(params);
+        assert_eq!(
+            pair,
+            2 * (2 * 124_000_000 + 124_000_000 / 64 * 4) + 131_750_000
+        );
+        let three = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
+        assert_eq!(three.references_each_way, Some(3), "{three}");
+        assert_eq!(three.averaging_bytes, params as u64 * 12 * 4 + 2 * pair);
+        config.max_reference_bytes = pair;
         let one = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(one.references_each_way, Some(1), "{one}");
         assert_eq!(one.averaging_bytes, params as u64 * 12 * 4);
-        config.max_reference_bytes = 4 * params as u64 * 2 * 4;
+        config.max_reference_bytes = 4 * pair;
         let four = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
         assert_eq!(four.references_each_way, Some(4));
-        assert_eq!(four.averaging_bytes, params as u64 * (12 + 6) * 4);
+        assert_eq!(four.averaging_bytes, params as u64 * 12 * 4 + 3 * pair);
         assert!(
             four.to_string()
                 .contains("up to 4 edge references each way"),

@@ -2,10 +2,11 @@
 
 use std::time::Duration;
 
-use murmur_protocol::codec::CodecSpec;
+use murmur_protocol::codec::{Codec, CodecSpec};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::error::SgpError;
+use super::reference::reference_bytes;
 use super::schedule::OutDegree;
 
 /// Settings of one SGP peer (`averaging.sgp` in a swarm config).
@@ -48,10 +49,11 @@ pub struct SgpConfig {
     /// are kept; the least recently used is dropped first (its next share starts it again
     /// from the zero reference).
     pub max_edge_references: usize,
-    /// With a lossy share codec: at most this many bytes of reference vectors, both
-    /// directions together. Each reference is a whole `f32` parameter vector, so this bounds
-    /// their count by the model's size ([`SgpConfig::edge_capacity`]); one edge each way is
-    /// kept whatever the budget, since every edge in use needs its reference.
+    /// With a lossy share codec: at most this many bytes of edge references, both
+    /// directions together. Each reference is a whole parameter vector, 16 bits an element, and an
+    /// out-edge keeps its last share's payload besides, so this bounds their count by the
+    /// model's size ([`SgpConfig::edge_capacity`]); one edge each way is kept whatever the
+    /// budget, since every edge in use needs its reference.
     pub max_reference_bytes: u64,
 }
 
@@ -108,12 +110,23 @@ impl SgpConfig {
     }
 
     /// References a peer keeps in each direction for a model of `len` parameters, with a
-    /// lossy codec: [`SgpConfig::max_edge_references`], or fewer where a pair of `len`-long
-    /// `f32` vectors per edge would pass [`SgpConfig::max_reference_bytes`]; at least one.
+    /// lossy codec: [`SgpConfig::max_edge_references`], or fewer where the pairs would pass
+    /// [`SgpConfig::max_reference_bytes`] ([`SgpConfig::edge_pair_bytes`] each); at least
+    /// one.
     pub fn edge_capacity(&self, len: usize) -> usize {
-        let pair = (len as u64).saturating_mul(2 * 4).max(1);
+        let pair = self.edge_pair_bytes(len).max(1);
         let fits = usize::try_from(self.max_reference_bytes / pair).unwrap_or(usize::MAX);
         fits.min(self.max_edge_references).max(1)
+    }
+
+    /// The bytes one out-edge and one in-edge keep for a model of `len` parameters: two
+    /// references of 16 bits an element, and the out-edge's last share (the codec's
+    /// largest payload).
+    pub fn edge_pair_bytes(&self, len: usize) -> u64 {
+        let references = reference_bytes(len).saturating_mul(2);
+        let share = Codec::new(self.share_codec)
+            .map_or(len.saturating_mul(4), |codec| codec.max_encoded_len(len));
+        references.saturating_add(share as u64)
     }
 
     /// Edge references a peer keeps each way for a model of `len` parameters: `None` with

@@ -74,6 +74,7 @@ mod machine;
 mod membership;
 mod quantized;
 mod receipts;
+mod reference;
 mod schedule;
 mod share;
 mod state;

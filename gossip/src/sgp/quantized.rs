@@ -30,6 +30,7 @@ use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 use crate::PeerKey;
 
 use super::error::SgpError;
+use super::reference::{REFERENCE_BLOCK, Reference};
 use super::share::{FRESH_REFERENCE, ShareHeader};
 use super::state::{F32_BYTES, PushSumState};
 
@@ -37,9 +38,14 @@ use super::state::{F32_BYTES, PushSumState};
 #[derive(Debug)]
 struct OutEdge<P> {
     peer: P,
-    /// The sender step at which `reference` was last set.
+    /// The sender step at which the edge's reference was last set (by `last_share`).
     version: u64,
-    reference: Vec<f32>,
+    /// The reference before `last_share`: the edge's reference is `r + Q⁻¹(last_share)`,
+    /// folded in (and rounded to 16 bits) when the next share is made.
+    reference: Reference,
+    /// The payload of the last share on this edge (empty: none since `reference`), kept
+    /// until the next so that its `v` can be computed again, bit for bit, to take it back.
+    last_share: Vec<u8>,
     /// Sequence number of the share on this edge not yet confirmed.
     unconfirmed: Option<u64>,
     /// The weight of the last share on this edge (the one of step `version`), which its
@@ -55,24 +61,17 @@ struct OutEdge<P> {
 struct InEdge<P> {
     peer: P,
     version: u64,
-    reference: Vec<f32>,
+    reference: Reference,
     last_used: u64,
 }
 
 /// The quantized-share state of one peer: its codec and its edges' references.
 #[derive(Debug)]
 pub(crate) struct EdgeReferences<P> {
-    codec: Codec,
+    coder: PieceCoder,
     capacity: usize,
     out_edges: Vec<OutEdge<P>>,
     in_edges: Vec<InEdge<P>>,
-    /// Elements encoded or checked at a time: a multiple of the codec's blocks, or the
-    /// whole vector for `topk`, which encodes only whole vectors.
-    piece: usize,
-    /// One piece of `z − r`, or of a decoded `v`.
-    scratch: Vec<f32>,
-    /// One piece's encoding.
-    piece_bytes: Vec<u8>,
     clock: u64,
 }
 
@@ -90,32 +89,25 @@ pub(crate) struct SplitShare {
 
 impl<P: PeerKey> EdgeReferences<P> {
     pub(crate) fn new(codec: Codec, capacity: usize, len: usize) -> EdgeReferences<P> {
-        let piece = match codec.piece_alignment() {
-            Some(align) => PIECE_ELEMENTS.next_multiple_of(align).min(len),
-            None => len,
-        }
-        .max(1);
         EdgeReferences {
-            codec,
+            coder: PieceCoder::new(codec, len),
             capacity: capacity.max(1),
             out_edges: Vec::new(),
             in_edges: Vec::new(),
-            piece,
-            scratch: vec![0.0; piece],
-            piece_bytes: Vec::new(),
             clock: 0,
         }
     }
 
     /// The most bytes a quantized share of `len` elements takes.
     pub(crate) fn max_encoded_len(&self, len: usize) -> usize {
-        self.codec.max_encoded_len(len)
+        self.coder.codec.max_encoded_len(len)
     }
 
     /// Moves `fraction` of `state`'s mass towards `to` at `step`, writing the payload.
     ///
-    /// Returns `None`, leaving everything untouched, when the edge to `to` still waits for
-    /// a confirmation: the peer then keeps that share.
+    /// Returns `None`, leaving `state` untouched, when the edge to `to` still waits for a
+    /// confirmation (the peer then keeps that share), or when the share cannot be made (a
+    /// parameter is not finite).
     pub(crate) fn split(
         &mut self,
         state: &mut PushSumState,
@@ -136,6 +128,7 @@ impl<P: PeerKey> EdgeReferences<P> {
         if state.weight() <= 0.0 {
             return None;
         }
+        let len = state.len();
         let at = match at {
             Some(at) => at,
             None => {
@@ -144,7 +137,8 @@ impl<P: PeerKey> EdgeReferences<P> {
                 self.out_edges.push(OutEdge {
                     peer: to,
                     version: FRESH_REFERENCE,
-                    reference: vec![0.0; state.len()],
+                    reference: Reference::zeros(len),
+                    last_share: Vec::new(),
                     unconfirmed: None,
                     last_weight: 0.0,
                     orphaned: false,
@@ -153,18 +147,25 @@ impl<P: PeerKey> EdgeReferences<P> {
                 self.out_edges.len() - 1
             }
         };
-        self.encode_deviation(state, at, payload)?;
-        // r ← r + Q⁻¹(Q(z − r)): the value both ends will hold.
-        let (codec, temp) = (&mut self.codec, &mut self.piece_bytes);
-        let reference = &mut self.out_edges[at].reference;
-        if move_reference(codec, payload, reference, self.piece, temp).is_err() {
-            // Only a part of `r` moved: the edge starts again from zero.
-            self.out_edges.swap_remove(at);
+        if self.make_share(state, at, payload).is_none() {
+            if self.out_edges[at].version != FRESH_REFERENCE {
+                // The last share was folded into the reference: it can no longer be taken
+                // back, so the edge no longer answers for it and starts again from zero.
+                self.out_edges.swap_remove(at);
+            }
             return None;
         }
         let edge = &mut self.out_edges[at];
         let weight = state.take_fraction_of_weight(f64::from(fraction));
-        state.subtract_scaled(weight, &edge.reference);
+        // x ← x − w_s·v, v = r + Q⁻¹(payload): what the receiver adds.
+        let moved = self
+            .coder
+            .each_value(payload, Some(&edge.reference), len, |start, v| {
+                state.subtract_scaled_at(start, weight, v);
+            });
+        debug_assert!(moved.is_ok(), "a share just encoded decodes");
+        edge.last_share.clear();
+        edge.last_share.extend_from_slice(payload);
         let reference = Some(edge.version);
         edge.version = step;
         edge.unconfirmed = Some(seq);
@@ -173,77 +174,23 @@ impl<P: PeerKey> EdgeReferences<P> {
         Some(SplitShare {
             weight,
             reference,
-            codec: self.codec.spec(),
+            codec: self.coder.codec.spec(),
         })
     }
 
-    /// Writes `Q(z − r)` into `payload`, `z` the de-biased parameters and `r` the
-    /// reference of out-edge `at`, a piece at a time. `None` (nothing changed) if an
-    /// element is not finite.
-    fn encode_deviation(
-        &mut self,
-        state: &PushSumState,
-        at: usize,
-        payload: &mut Vec<u8>,
-    ) -> Option<()> {
+    /// Folds out-edge `at`'s last share into its reference, then writes `Q(z − r)` into
+    /// `payload`. `None` if that fails (a parameter is not finite).
+    fn make_share(&mut self, state: &PushSumState, at: usize, payload: &mut Vec<u8>) -> Option<()> {
         let len = state.len();
-        let inverse = 1.0 / state.weight();
-        let reference = &self.out_edges[at].reference;
-        let numerator = state.numerator();
-        payload.clear();
-        payload.resize(self.codec.max_encoded_len(len), 0);
-        if self.piece == len {
-            // `topk` (or a vector of one piece): the whole vector at once.
-            deviation(numerator, inverse, reference, &mut self.scratch);
-            let encoded = self.codec.encode(&self.scratch, payload).ok()?;
-            payload.truncate(encoded);
-            return Some(());
-        }
-        for start in (0..len).step_by(self.piece) {
-            let end = (start + self.piece).min(len);
-            let piece = &mut self.scratch[..end - start];
-            deviation(
-                &numerator[start..end],
-                inverse,
-                &reference[start..end],
-                piece,
-            );
-            self.codec
-                .encode_piece(piece, start, len, payload, &mut self.piece_bytes)
+        let edge = &mut self.out_edges[at];
+        if !edge.last_share.is_empty() {
+            // r ← round(r + Q⁻¹(last share)): what the receiver set its reference to.
+            self.coder
+                .fold(&edge.last_share, &mut edge.reference, len)
                 .ok()?;
+            edge.last_share.clear();
         }
-        Some(())
-    }
-
-    /// Whether `r + Q⁻¹(payload)` decodes and is finite everywhere, `r` the reference of
-    /// in-edge `at` (`None`: the zero reference of a fresh edge), checked a piece at a time,
-    /// before anything changes.
-    fn check_share(
-        &mut self,
-        at: Option<usize>,
-        len: usize,
-        payload: &[u8],
-    ) -> Result<(), SgpError> {
-        for start in (0..len).step_by(self.piece) {
-            let end = (start + self.piece).min(len);
-            let piece = &mut self.scratch[..end - start];
-            match at {
-                Some(at) => piece.copy_from_slice(&self.in_edges[at].reference[start..end]),
-                None => piece.fill(0.0),
-            }
-            add_decoded(
-                &mut self.codec,
-                payload,
-                (start, len),
-                piece,
-                &mut self.piece_bytes,
-            )
-            .map_err(|error| SgpError::BadPayload(error.to_string()))?;
-            if !piece.iter().all(|v| v.is_finite()) {
-                return Err(SgpError::NonFinitePayload);
-            }
-        }
-        Ok(())
+        self.coder.encode_deviation(state, &edge.reference, payload)
     }
 
     /// Adds a share from `from` to `state`. Nothing changes on error.
@@ -255,19 +202,20 @@ impl<P: PeerKey> EdgeReferences<P> {
         payload: &[u8],
     ) -> Result<(), SgpError> {
         self.clock += 1;
+        let len = state.len();
         let Some(version) = header.reference else {
             check_exact(header.codec)?;
             state.absorb_f32(header.weight, payload)?;
-            let at = self.in_edge(from, state.len());
+            let at = self.in_edge(from, len);
             let edge = &mut self.in_edges[at];
-            reference_from_share(payload, header.weight, &mut edge.reference);
+            reference_from_share(payload, header.weight, &mut edge.reference, &mut self.coder);
             edge.version = header.step;
             edge.last_used = self.clock;
             return Ok(());
         };
-        if header.codec != self.codec.spec() {
+        if header.codec != self.coder.codec.spec() {
             return Err(SgpError::UnexpectedCodec {
-                expected: self.codec.spec(),
+                expected: self.coder.codec.spec(),
                 got: header.codec,
             });
         }
@@ -275,9 +223,9 @@ impl<P: PeerKey> EdgeReferences<P> {
         let at = if version == FRESH_REFERENCE {
             // The sender starts this edge again from zero, whatever this end held for it.
             // Checked whole first, then applied: a refused share changes nothing.
-            self.check_share(None, state.len(), payload)?;
-            let at = self.in_edge(from, state.len());
-            self.in_edges[at].reference.fill(0.0);
+            self.coder.check(payload, None, len)?;
+            let at = self.in_edge(from, len);
+            self.in_edges[at].reference.clear();
             at
         } else {
             let at = self
@@ -285,21 +233,23 @@ impl<P: PeerKey> EdgeReferences<P> {
                 .iter()
                 .position(|edge| edge.peer == from && edge.version == version)
                 .ok_or(SgpError::StaleReference { version })?;
-            self.check_share(Some(at), state.len(), payload)?;
+            self.coder
+                .check(payload, Some(&self.in_edges[at].reference), len)?;
             at
         };
         let edge = &mut self.in_edges[at];
-        let (codec, temp) = (&mut self.codec, &mut self.piece_bytes);
-        if let Err(error) = move_reference(codec, payload, &mut edge.reference, self.piece, temp) {
-            // The bytes just checked did not decode again: the reference moved in part, so
-            // the edge is forgotten, and the sender's next share is refused and taken back,
-            // then the edge starts again from zero.
-            self.in_edges.swap_remove(at);
-            return Err(SgpError::BadPayload(error.to_string()));
-        }
+        let weight = header.weight;
+        // x ← x + w_s·v and r ← round(v), v = r + Q⁻¹(payload), a piece at a time. The
+        // bytes were just decoded whole, so they decode again.
+        let moved = self
+            .coder
+            .each_value_storing(payload, &mut edge.reference, len, |start, v| {
+                state.add_scaled_at(start, weight, v);
+            });
+        debug_assert!(moved.is_ok(), "a share just checked decodes");
+        state.add_weight(weight);
         edge.version = header.step;
         edge.last_used = self.clock;
-        state.add_scaled(header.weight, &edge.reference);
         Ok(())
     }
 
@@ -333,7 +283,7 @@ impl<P: PeerKey> EdgeReferences<P> {
             .ok_or(SgpError::StaleReference { version })?;
         super::state::check_share_weight(header.weight)?;
         let edge = self.out_edges.swap_remove(at);
-        state.add_scaled(header.weight, &edge.reference);
+        self.coder.take_back(state, &edge, header.weight);
         Ok(())
     }
 
@@ -343,7 +293,7 @@ impl<P: PeerKey> EdgeReferences<P> {
     /// transport has not confirmed it yet.
     ///
     /// Fails, leaving `state` untouched, unless that share is still the edge's last: a later
-    /// one overwrote the reference it needs (that one will be refused and taken back in its
+    /// one folded it into the reference (that one will be refused and taken back in its
     /// turn), or the edge was forgotten.
     pub(crate) fn take_back_refused(
         &mut self,
@@ -357,7 +307,7 @@ impl<P: PeerKey> EdgeReferences<P> {
             .position(|edge| edge.peer == to && edge.version == step)
             .ok_or(SgpError::NotTakenBack { step })?;
         let edge = self.out_edges.swap_remove(at);
-        state.add_scaled(edge.last_weight, &edge.reference);
+        self.coder.take_back(state, &edge, edge.last_weight);
         Ok(edge.unconfirmed)
     }
 
@@ -420,7 +370,7 @@ impl<P: PeerKey> EdgeReferences<P> {
         self.in_edges.push(InEdge {
             peer: from,
             version: 0,
-            reference: vec![0.0; len],
+            reference: Reference::zeros(len),
             last_used: 0,
         });
         self.in_edges.len() - 1
@@ -443,49 +393,181 @@ impl<P: PeerKey> EdgeReferences<P> {
     }
 }
 
-/// `r ← r + Q⁻¹(payload)`, `piece` elements at a time.
-fn move_reference(
-    codec: &mut Codec,
-    payload: &[u8],
-    reference: &mut [f32],
+/// The codec and the buffers a share is encoded and decoded with, a piece at a time.
+#[derive(Debug)]
+struct PieceCoder {
+    codec: Codec,
+    /// Elements encoded or decoded at a time: a multiple of the codec's blocks, or the
+    /// whole vector for `topk`, which encodes only whole vectors.
     piece: usize,
-    temp: &mut Vec<u8>,
-) -> Result<(), CodecError> {
-    let len = reference.len();
-    for start in (0..len).step_by(piece) {
-        let end = (start + piece).min(len);
-        add_decoded(
+    /// One piece of `z − r`, or of a decoded `v`.
+    scratch: Vec<f32>,
+    /// One piece's encoding.
+    piece_bytes: Vec<u8>,
+}
+
+impl PieceCoder {
+    fn new(codec: Codec, len: usize) -> PieceCoder {
+        // Pieces start on the codec's blocks and on the reference's.
+        let piece = match codec.piece_alignment() {
+            Some(align) => PIECE_ELEMENTS
+                .next_multiple_of(least_common_multiple(align, REFERENCE_BLOCK))
+                .min(len),
+            None => len,
+        }
+        .max(1);
+        PieceCoder {
             codec,
-            payload,
-            (start, len),
-            &mut reference[start..end],
-            temp,
-        )?;
+            piece,
+            scratch: vec![0.0; piece],
+            piece_bytes: Vec::new(),
+        }
     }
-    Ok(())
+
+    /// Writes `Q(z − r)` into `payload`, `z` the de-biased parameters, a piece at a time.
+    /// `None` if an element is not finite.
+    fn encode_deviation(
+        &mut self,
+        state: &PushSumState,
+        reference: &Reference,
+        payload: &mut Vec<u8>,
+    ) -> Option<()> {
+        let len = state.len();
+        let inverse = 1.0 / state.weight();
+        let numerator = state.numerator();
+        payload.clear();
+        payload.resize(self.codec.max_encoded_len(len), 0);
+        for start in (0..len).step_by(self.piece) {
+            let end = (start + self.piece).min(len);
+            let piece = &mut self.scratch[..end - start];
+            reference.read_into(start, piece);
+            // z − r, with z rounded to f32 first, as `PushSumState::debiased_into` rounds it.
+            for (d, &x) in piece.iter_mut().zip(&numerator[start..end]) {
+                *d = (f64::from(x) * inverse) as f32 - *d;
+            }
+            if piece.len() == len {
+                // `topk` (or a vector of one piece): the whole vector at once.
+                let encoded = self.codec.encode(piece, payload).ok()?;
+                payload.truncate(encoded);
+                return Some(());
+            }
+            self.codec
+                .encode_piece(piece, start, len, payload, &mut self.piece_bytes)
+                .ok()?;
+        }
+        Some(())
+    }
+
+    /// Hands `each` every piece of `v = r + Q⁻¹(payload)` in order, with its start (`r =
+    /// None`: the zero reference of a fresh edge).
+    fn each_value(
+        &mut self,
+        payload: &[u8],
+        reference: Option<&Reference>,
+        len: usize,
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<(), CodecError> {
+        for start in (0..len).step_by(self.piece) {
+            let v = self.value(payload, reference, (start, len))?;
+            each(start, v);
+        }
+        Ok(())
+    }
+
+    /// [`PieceCoder::each_value`], then `r ← round(v)` a piece at a time.
+    fn each_value_storing(
+        &mut self,
+        payload: &[u8],
+        reference: &mut Reference,
+        len: usize,
+        mut each: impl FnMut(usize, &[f32]),
+    ) -> Result<(), CodecError> {
+        for start in (0..len).step_by(self.piece) {
+            let v = self.value(payload, Some(reference), (start, len))?;
+            each(start, v);
+            reference.store(start, v);
+        }
+        Ok(())
+    }
+
+    /// `r ← round(r + Q⁻¹(payload))`.
+    fn fold(
+        &mut self,
+        payload: &[u8],
+        reference: &mut Reference,
+        len: usize,
+    ) -> Result<(), CodecError> {
+        self.each_value_storing(payload, reference, len, |_, _| {})
+    }
+
+    /// Whether `v = r + Q⁻¹(payload)` decodes and is finite everywhere.
+    fn check(
+        &mut self,
+        payload: &[u8],
+        reference: Option<&Reference>,
+        len: usize,
+    ) -> Result<(), SgpError> {
+        let mut finite = true;
+        self.each_value(payload, reference, len, |_, v| {
+            finite &= v.iter().all(|v| v.is_finite());
+        })
+        .map_err(|error| SgpError::BadPayload(error.to_string()))?;
+        if finite {
+            Ok(())
+        } else {
+            Err(SgpError::NonFinitePayload)
+        }
+    }
+
+    /// Adds `weight · v` of out-edge `edge`'s last share back to `state`: the vector its
+    /// split subtracted, bit for bit.
+    fn take_back<P>(&mut self, state: &mut PushSumState, edge: &OutEdge<P>, weight: f64) {
+        let len = state.len();
+        if edge.last_share.is_empty() {
+            return;
+        }
+        let moved = self.each_value(&edge.last_share, Some(&edge.reference), len, |start, v| {
+            state.add_scaled_at(start, weight, v);
+        });
+        debug_assert!(moved.is_ok(), "a share this peer encoded decodes");
+        state.add_weight(weight);
+    }
+
+    /// Piece `start..` of `r + Q⁻¹(payload)`, in the scratch buffer.
+    fn value(
+        &mut self,
+        payload: &[u8],
+        reference: Option<&Reference>,
+        (start, len): (usize, usize),
+    ) -> Result<&[f32], CodecError> {
+        let end = (start + self.piece).min(len);
+        let v = &mut self.scratch[..end - start];
+        match reference {
+            Some(reference) => reference.read_into(start, v),
+            None => v.fill(0.0),
+        }
+        if v.len() == len {
+            // A `topk` share's only piece: the whole vector's decode.
+            self.codec.decode_accumulate(payload, 1.0, v)?;
+        } else {
+            self.codec.decode_accumulate_piece(
+                payload,
+                (start, len),
+                1.0,
+                v,
+                &mut self.piece_bytes,
+            )?;
+        }
+        Ok(v)
+    }
 }
 
-/// Adds `Q⁻¹(payload)`'s elements `start..start + acc.len()` (of `len`) into `acc`: the
-/// whole vector's decode where `acc` is all of it (a `topk` share's only piece).
-fn add_decoded(
-    codec: &mut Codec,
-    payload: &[u8],
-    (start, len): (usize, usize),
-    acc: &mut [f32],
-    temp: &mut Vec<u8>,
-) -> Result<(), CodecError> {
-    if acc.len() == len {
-        return codec.decode_accumulate(payload, 1.0, acc);
+fn least_common_multiple(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
     }
-    codec.decode_accumulate_piece(payload, (start, len), 1.0, acc, temp)
-}
-
-/// `out ← x · inverse − r`, element by element: `z − r` with `z` rounded to `f32` first,
-/// as [`PushSumState::debiased_into`] rounds it.
-fn deviation(numerator: &[f32], inverse: f64, reference: &[f32], out: &mut [f32]) {
-    for ((d, &x), &r) in out.iter_mut().zip(numerator).zip(reference) {
-        *d = (f64::from(x) * inverse) as f32 - r;
-    }
+    a / x * b
 }
 
 /// An exact share must say so: `f32`, no reference.
@@ -500,12 +582,24 @@ fn check_exact(codec: CodecSpec) -> Result<(), SgpError> {
     }
 }
 
-/// `r_k = s_k / w_s`, computed the same way at both ends of the edge.
-fn reference_from_share(payload: &[u8], weight: f64, reference: &mut [f32]) {
+/// `r_k = s_k / w_s` rounded to 16 bits, computed the same way at both ends of the edge.
+fn reference_from_share(
+    payload: &[u8],
+    weight: f64,
+    reference: &mut Reference,
+    coder: &mut PieceCoder,
+) {
     let inverse = 1.0 / weight;
-    for (r, bytes) in reference.iter_mut().zip(payload.chunks_exact(F32_BYTES)) {
-        let mut raw = [0u8; F32_BYTES];
-        raw.copy_from_slice(bytes);
-        *r = (f64::from(f32::from_le_bytes(raw)) * inverse) as f32;
+    let len = payload.len() / F32_BYTES;
+    for start in (0..len).step_by(coder.piece) {
+        let end = (start + coder.piece).min(len);
+        let piece = &mut coder.scratch[..end - start];
+        let bytes = &payload[start * F32_BYTES..end * F32_BYTES];
+        for (r, bytes) in piece.iter_mut().zip(bytes.chunks_exact(F32_BYTES)) {
+            let mut raw = [0u8; F32_BYTES];
+            raw.copy_from_slice(bytes);
+            *r = (f64::from(f32::from_le_bytes(raw)) * inverse) as f32;
+        }
+        reference.store(start, piece);
     }
 }

@@ -177,19 +177,25 @@ impl PushSumState {
         Ok(())
     }
 
-    /// Removes `weight · v` from the numerator, with `(weight · v_k)` rounded to `f32`
-    /// exactly as [`PushSumState::add_scaled`] rounds it on the other end.
-    pub(crate) fn subtract_scaled(&mut self, weight: f64, v: &[f32]) {
-        for (x, &v) in self.numerator.iter_mut().zip(v) {
+    /// Removes `weight · v` from the numerator's elements `start..start + v.len()`, with
+    /// `(weight · v_k)` rounded to `f32` exactly as [`PushSumState::add_scaled_at`] rounds it
+    /// on the other end.
+    pub(crate) fn subtract_scaled_at(&mut self, start: usize, weight: f64, v: &[f32]) {
+        for (x, &v) in self.numerator[start..].iter_mut().zip(v) {
             *x -= (f64::from(v) * weight) as f32;
         }
     }
 
-    /// Adds `weight · v` to the numerator and `weight` to the weight.
-    pub(crate) fn add_scaled(&mut self, weight: f64, v: &[f32]) {
-        for (x, &v) in self.numerator.iter_mut().zip(v) {
+    /// Adds `weight · v` to the numerator's elements `start..start + v.len()`; the weight
+    /// is the caller's to add, once the whole share is in ([`PushSumState::add_weight`]).
+    pub(crate) fn add_scaled_at(&mut self, start: usize, weight: f64, v: &[f32]) {
+        for (x, &v) in self.numerator[start..].iter_mut().zip(v) {
             *x += (f64::from(v) * weight) as f32;
         }
+    }
+
+    /// Adds a share's `weight` to the weight.
+    pub(crate) fn add_weight(&mut self, weight: f64) {
         self.weight += weight;
     }
 
