@@ -106,16 +106,21 @@ impl ParamTensors {
     }
 
     /// Moves every tensor's gradient into `grad_out` as `write` says (a tensor that got
-    /// none counts as zeros), freeing each of candle's gradients once it is written.
+    /// none counts as zeros), freeing each of candle's gradients once it is written. The
+    /// tensor at index `written`, if any, has its gradient in `grad_out` already.
     pub(crate) fn write_grads(
         &self,
         mut grads: GradStore,
         layout: &ParamLayout,
         grad_out: &mut [f32],
         write: GradWrite,
+        written: Option<usize>,
     ) -> Result<(), TrainerError> {
         TrainerError::check_len("grad", layout.len(), grad_out.len())?;
-        for (spec, tensor) in layout.tensors().iter().zip(&self.tensors) {
+        for (index, (spec, tensor)) in layout.tensors().iter().zip(&self.tensors).enumerate() {
+            if written == Some(index) {
+                continue;
+            }
             let out = &mut grad_out[spec.range()];
             match (grads.remove(tensor), write) {
                 (Some(grad), GradWrite::Overwrite) => copy_to_slice(&grad, out)?,
@@ -128,6 +133,28 @@ impl ParamTensors {
     }
 }
 
+/// Adds row `i` of `rows_grad` (`[ids.len(), width]`) into row `ids[i]` of `out` (a
+/// `[rows, width]` gradient, already written this pass), scaled as `write` scales the pass:
+/// the gradient of a row lookup, without a dense copy of the looked-up matrix.
+pub(crate) fn add_rows(
+    rows_grad: &Tensor,
+    ids: &[u32],
+    out: &mut [f32],
+    write: GradWrite,
+) -> Result<(), TrainerError> {
+    let scale = write.scale();
+    let len = rows_grad.elem_count();
+    with_host_values(rows_grad, len, |values| {
+        let width = values.len() / ids.len().max(1);
+        for (&id, row) in ids.iter().zip(values.chunks_exact(width)) {
+            let start = id as usize * width;
+            for (out, &value) in out[start..start + width].iter_mut().zip(row) {
+                *out += scale * value;
+            }
+        }
+    })
+}
+
 /// How a backward pass writes its gradient into the caller's flat buffer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum GradWrite {
@@ -138,6 +165,17 @@ pub enum GradWrite {
         /// The factor on this pass's gradient.
         scale: f32,
     },
+}
+
+impl GradWrite {
+    /// The factor on this pass's gradient: 1 for [`GradWrite::Overwrite`] (added to a
+    /// tensor's range once the graph's gradient, or zeros, were written there).
+    pub(crate) fn scale(self) -> f32 {
+        match self {
+            GradWrite::Overwrite => 1.0,
+            GradWrite::Add { scale } => scale,
+        }
+    }
 }
 
 /// Copies an f32 tensor into `out` (which must have its element count); a tensor on a GPU

@@ -5,13 +5,13 @@
 //! `[in, out]` and named as in GPT-2 checkpoints (`h.0.attn.c_attn.weight`, …) so exported
 //! files read naturally next to them.
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use super::autograd::{GradWrite, ParamTensors, layer_norm, softmax_last};
+use super::autograd::{GradWrite, ParamTensors, add_rows, layer_norm, softmax_last};
 use super::gpt_preset::GptSection;
 use super::linear::linear;
-use super::projected_loss::projected_cross_entropy;
+use super::projected_loss::{HeadGradInto, projected_cross_entropy};
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
@@ -219,11 +219,23 @@ impl Gpt {
 
         let (d, h) = (self.width, self.heads);
         let hd = d / h;
-        transfer::uploaded(&self.device, std::mem::size_of_val(ids));
-        let ids = Tensor::from_slice(ids, n, &self.device)?;
-        let tok = p.get(0).embedding(&ids)?.reshape((rows, t, d))?;
+        transfer::uploaded(&self.device, std::mem::size_of_val(ids.as_slice()));
+        let id_tensor = Tensor::from_slice(ids, n, &self.device)?;
+        // The token rows are looked up outside the graph and enter it as a variable of their
+        // own, whose gradient is added into the embedding's rows afterwards: candle's
+        // lookup would have summed it into a zeroed copy of the whole embedding, a
+        // vocabulary-sized temporary at the end of the backward pass.
+        let tok = p.get(0).detach().embedding(&id_tensor)?;
+        let tok = if grad_out.is_some() {
+            Var::from_tensor(&tok)?.into_inner()
+        } else {
+            tok
+        };
         let pos = p.get(1).narrow(0, 0, t)?;
-        let mut x = tok.broadcast_add(&pos)?.reshape((n, d))?;
+        let mut x = tok
+            .reshape((rows, t, d))?
+            .broadcast_add(&pos)?
+            .reshape((n, d))?;
         let mask = self.causal_mask.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let scale = 1.0 / (hd as f64).sqrt();
         for layer in 0..self.layers {
@@ -250,14 +262,30 @@ impl Gpt {
             &self.device,
             std::mem::size_of_val(batch.targets.as_slice()),
         );
-        let loss = projected_cross_entropy(&x, p.get(0), &batch.targets, grad_out.is_some())?;
+        // The output head's gradient (the embedding's, tied) goes straight into the flat
+        // gradient on the CPU; on a GPU the graph carries it.
+        let embedding = self.layout.tensors()[0].range();
+        let mut grad_out = grad_out;
+        let head_grad = grad_out.as_mut().map(|(out, write)| HeadGradInto {
+            out: &mut out[embedding.clone()],
+            write: *write,
+        });
+        let (loss, head_written) =
+            projected_cross_entropy(&x, p.get(0), &batch.targets, head_grad)?;
         transfer::downloaded(&self.device, std::mem::size_of::<f32>());
         let value = loss.to_scalar::<f32>()?;
         if let Some((grad_out, write)) = grad_out {
-            let grads = loss.backward()?;
+            let mut grads = loss.backward()?;
             // The graph's activations go before the gradients are moved out.
             drop((loss, x));
-            p.write_grads(grads, &self.layout, grad_out, write)?;
+            let rows_grad = grads.remove(&tok);
+            drop(tok);
+            let written = head_written.then_some(0);
+            p.write_grads(grads, &self.layout, grad_out, write, written)?;
+            // The looked-up rows' part of the embedding's gradient.
+            if let Some(rows_grad) = rows_grad {
+                add_rows(&rows_grad, ids, &mut grad_out[embedding], write)?;
+            }
         }
         Ok(value)
     }

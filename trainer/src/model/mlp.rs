@@ -183,7 +183,7 @@ impl Mlp {
         if let Some((grad_out, write)) = grad_out {
             let grads = loss.backward()?;
             drop((loss, x));
-            weights.write_grads(grads, &self.layout, grad_out, write)?;
+            weights.write_grads(grads, &self.layout, grad_out, write, None)?;
         }
         Ok(value)
     }

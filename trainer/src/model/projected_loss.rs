@@ -11,27 +11,44 @@
 //! the loss's own gradient is not 1). No product is computed twice. The idea is that of
 //! chunked "linear cross-entropy" kernels such as Liger-Kernel's.
 //!
-//! The kernel is the CPU's; on a GPU the loss is the generic ops' (the same formula).
+//! The output matrix's gradient does not go through candle's gradient store, which would
+//! have summed it into a zeroed copy of the matrix at the end of the backward pass, and
+//! then been copied into the trainer's flat gradient: the op accumulates it, block by
+//! block, straight into the caller's buffer ([`HeadGradInto`]).
+//!
+//! The kernel is the CPU's; on a GPU the loss is the generic ops' (the same formula), and
+//! the matrix's gradient comes through candle's store.
 
-use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
-use super::autograd::cross_entropy;
+use super::autograd::{GradWrite, cross_entropy};
 
 /// The most logits one block holds: 4 Mi floats (16 MiB).
 const BLOCK_LOGITS: usize = 1 << 22;
 
+/// Where the output matrix's gradient goes: `out` (`[vocab, d]`, row-major), written
+/// (`Overwrite`) or added to, times the pass's scale, as `write` says. The gradient is for
+/// a backward pass from the loss itself (a loss gradient of 1).
+#[derive(Debug)]
+pub(crate) struct HeadGradInto<'a> {
+    pub(crate) out: &'a mut [f32],
+    pub(crate) write: GradWrite,
+}
+
 /// Mean cross-entropy, in nats, of the logits `x · weightᵀ` (`x`: `[n, d]`, `weight`:
-/// `[vocab, d]`) against `targets` (`n` token ids below `vocab`). With `with_grad` the
-/// gradients of both inputs are computed with the loss, for the backward pass to hand over.
+/// `[vocab, d]`) against `targets` (`n` token ids below `vocab`). With `head_grad` the
+/// gradients of both inputs are computed with the loss: `x`'s for the backward pass to
+/// hand over, the matrix's into `head_grad`. Returns the loss and whether the matrix's
+/// gradient was written there: on a GPU it is not, and the graph carries it.
 pub(crate) fn projected_cross_entropy(
     x: &Tensor,
     weight: &Tensor,
     targets: &[u32],
-    with_grad: bool,
-) -> candle_core::Result<Tensor> {
+    head_grad: Option<HeadGradInto<'_>>,
+) -> candle_core::Result<(Tensor, bool)> {
     let vocab = weight.dims2()?.0;
     let rows = (BLOCK_LOGITS / vocab.max(1)).max(1);
-    with_block_rows(x, weight, targets, with_grad, rows)
+    with_block_rows(x, weight, targets, head_grad, rows)
 }
 
 /// [`projected_cross_entropy`] with `rows` rows a block.
@@ -39,9 +56,10 @@ fn with_block_rows(
     x: &Tensor,
     weight: &Tensor,
     targets: &[u32],
-    with_grad: bool,
+    mut head_grad: Option<HeadGradInto<'_>>,
     rows: usize,
-) -> candle_core::Result<Tensor> {
+) -> candle_core::Result<(Tensor, bool)> {
+    let with_grad = head_grad.is_some();
     let (n, d) = x.dims2()?;
     let (vocab, weight_d) = weight.dims2()?;
     if targets.len() != n || weight_d != d || n == 0 {
@@ -56,7 +74,7 @@ fn with_block_rows(
     }
     if !x.device().is_cpu() {
         let targets = Tensor::from_slice(targets, n, x.device())?;
-        return cross_entropy(&x.matmul(&weight.t()?)?, &targets);
+        return Ok((cross_entropy(&x.matmul(&weight.t()?)?, &targets)?, false));
     }
     let (tracked_x, tracked_weight) = (x, weight);
     let (x, weight) = (x.detach(), weight.detach());
@@ -64,7 +82,20 @@ fn with_block_rows(
     let scale = 1.0 / n as f32;
     let mut total = 0.0f64;
     let mut x_blocks = Vec::with_capacity(if with_grad { n.div_ceil(rows) } else { 0 });
-    let mut weight_grad: Option<Vec<f32>> = None;
+    if let Some(into) = &mut head_grad {
+        if into.out.len() != vocab * d {
+            candle_core::bail!(
+                "projected cross-entropy: a gradient buffer of {} floats for {vocab} × {d}",
+                into.out.len()
+            );
+        }
+        if into.write == GradWrite::Overwrite {
+            into.out.fill(0.0);
+        }
+    }
+    let x_values = with_grad
+        .then(|| x.flatten_all()?.to_vec1::<f32>())
+        .transpose()?;
     for start in (0..n).step_by(rows) {
         let len = rows.min(n - start);
         let x_block = x.narrow(0, start, len)?;
@@ -86,35 +117,34 @@ fn with_block_rows(
         if !with_grad {
             continue;
         }
+        if let (Some(x_values), Some(into)) = (&x_values, &mut head_grad) {
+            // dW += scale · blockᵀ · x_block, into the caller's buffer.
+            let x_block = &x_values[start * d..(start + len) * d];
+            let dims = (vocab, len, d);
+            add_transposed_product(into.out, into.write.scale(), &logits, x_block, dims);
+        }
         let block = Tensor::from_vec(logits, (len, vocab), x.device())?;
         x_blocks.push(block.matmul(&weight)?);
-        let product = block.t()?.matmul(&x_block)?;
-        match &mut weight_grad {
-            None => weight_grad = Some(product.flatten_all()?.to_vec1::<f32>()?),
-            Some(sum) => add_into(sum, &product)?,
-        }
     }
-    let grads = match weight_grad {
-        Some(values) => Some((
-            Tensor::cat(&x_blocks, 0)?,
-            Tensor::from_vec(values, (vocab, d), weight.device())?,
-        )),
-        None => None,
+    let x_grad = if with_grad {
+        Some(Tensor::cat(&x_blocks, 0)?)
+    } else {
+        None
     };
     let op = ProjectedCrossEntropy {
         loss: (total / n as f64) as f32,
-        grads,
+        x_grad,
     };
-    tracked_x.apply_op2(tracked_weight, op)
+    Ok((tracked_x.apply_op2(tracked_weight, op)?, with_grad))
 }
 
-/// The op as the graph records it: its value and its inputs' gradients (for a loss
-/// gradient of 1) were computed from the same two tensors before it was applied.
+/// The op as the graph records it: its value and `x`'s gradient (for a loss gradient of
+/// 1) were computed from the same two tensors before it was applied.
 struct ProjectedCrossEntropy {
     /// The mean loss.
     loss: f32,
-    /// The gradients of `x` and of the output matrix, when they were wanted.
-    grads: Option<(Tensor, Tensor)>,
+    /// The gradient of `x`, when it was wanted.
+    x_grad: Option<Tensor>,
 }
 
 impl CustomOp2 for ProjectedCrossEntropy {
@@ -139,19 +169,19 @@ impl CustomOp2 for ProjectedCrossEntropy {
         _res: &Tensor,
         grad_res: &Tensor,
     ) -> candle_core::Result<(Option<Tensor>, Option<Tensor>)> {
-        let Some((x_grad, weight_grad)) = &self.grads else {
+        let Some(x_grad) = &self.x_grad else {
             candle_core::bail!(
                 "projected cross-entropy: a backward pass through a loss computed without gradients"
             );
         };
         let g = f64::from(grad_res.to_scalar::<f32>()?);
-        if g == 1.0 {
-            return Ok((Some(x_grad.clone()), Some(weight_grad.clone())));
+        if g != 1.0 {
+            // The matrix's gradient went to the caller for a loss gradient of 1.
+            candle_core::bail!(
+                "projected cross-entropy: a backward pass must start from the loss itself"
+            );
         }
-        Ok((
-            Some(x_grad.affine(g, 0.0)?),
-            Some(weight_grad.affine(g, 0.0)?),
-        ))
+        Ok((Some(x_grad.clone()), None))
     }
 }
 
@@ -162,27 +192,49 @@ fn log_sum_exp(row: &[f32]) -> f32 {
     max + sum.ln()
 }
 
-/// Adds a contiguous CPU tensor of `sum.len()` floats into `sum`.
-fn add_into(sum: &mut [f32], tensor: &Tensor) -> candle_core::Result<()> {
-    let (storage, layout) = tensor.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("projected cross-entropy: a gradient block off the CPU");
+/// `sum += scale · blockᵀ · x`, with `block` `[rows, vocab]` and `x` `[rows, d]` row-major
+/// and `sum` `[vocab, d]`: candle's CPU matrix product, accumulating in place.
+fn add_transposed_product(
+    sum: &mut [f32],
+    scale: f32,
+    block: &[f32],
+    x: &[f32],
+    (vocab, rows, d): (usize, usize, usize),
+) {
+    assert!(sum.len() == vocab * d && block.len() == rows * vocab && x.len() == rows * d);
+    let threads = candle_core::utils::get_num_threads();
+    let parallelism = if threads > 1 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
     };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        candle_core::bail!("projected cross-entropy: a gradient block that is not contiguous");
-    };
-    let values = &cpu.as_slice::<f32>()?[start..end];
-    if values.len() != sum.len() {
-        candle_core::bail!(
-            "projected cross-entropy: a gradient block of {} floats for {}",
-            values.len(),
-            sum.len()
+    // SAFETY: the three slices hold the elements the strides below reach (checked above):
+    // `sum[i·d + j]` for i < vocab, j < d; `block[p·vocab + i]` (the transpose's (i, p)) and
+    // `x[p·d + j]` for p < rows; `sum` does not overlap the others (it is borrowed
+    // mutably).
+    unsafe {
+        gemm::gemm(
+            vocab,
+            d,
+            rows,
+            sum.as_mut_ptr(),
+            1,
+            d as isize,
+            true,
+            block.as_ptr(),
+            vocab as isize,
+            1,
+            x.as_ptr(),
+            1,
+            d as isize,
+            1.0,
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
         );
     }
-    for (s, &v) in sum.iter_mut().zip(values) {
-        *s += v;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -204,29 +256,43 @@ mod tests {
         let x = Var::from_vec(values(n * d, 1, 2.0), (n, d), &Device::Cpu).unwrap();
         let w = Var::from_vec(values(vocab * d, 2, 1.5), (vocab, d), &Device::Cpu).unwrap();
         let targets: Vec<u32> = (0..n as u32).map(|i| (i * 4 + 3) % vocab as u32).collect();
-        let loss = match rows {
+        let mut head_grad = vec![7.0f32; vocab * d];
+        let (loss, written) = match rows {
             Some(rows) => {
-                let without = with_block_rows(x.as_tensor(), w.as_tensor(), &targets, false, rows);
-                let with = with_block_rows(x.as_tensor(), w.as_tensor(), &targets, true, rows);
-                let (without, with) = (without.unwrap(), with.unwrap());
+                let without = with_block_rows(x.as_tensor(), w.as_tensor(), &targets, None, rows);
+                let into = HeadGradInto {
+                    out: &mut head_grad,
+                    write: GradWrite::Overwrite,
+                };
+                let with =
+                    with_block_rows(x.as_tensor(), w.as_tensor(), &targets, Some(into), rows);
+                let ((without, none), (with, written)) = (without.unwrap(), with.unwrap());
+                assert!(!none);
                 assert_eq!(
                     without.to_scalar::<f32>().unwrap(),
                     with.to_scalar::<f32>().unwrap()
                 );
-                with
+                (with, written)
             }
             None => {
                 let logits = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap();
                 let targets = Tensor::from_slice(&targets, n, &Device::Cpu).unwrap();
-                cross_entropy(&logits, &targets).unwrap()
+                (cross_entropy(&logits, &targets).unwrap(), false)
             }
         };
         let grads = loss.backward().unwrap();
-        let flat = |v: &Var| {
-            let g = grads.get(v.as_tensor()).expect("a gradient");
-            g.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        let flat = |g: &Tensor| g.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let w_grad = if written {
+            assert!(
+                grads.get(w.as_tensor()).is_none(),
+                "the op writes the matrix's gradient, not the graph"
+            );
+            head_grad
+        } else {
+            flat(grads.get(w.as_tensor()).expect("a gradient"))
         };
-        (loss.to_scalar::<f32>().unwrap(), flat(&x), flat(&w))
+        let x_grad = flat(grads.get(x.as_tensor()).expect("a gradient"));
+        (loss.to_scalar::<f32>().unwrap(), x_grad, w_grad)
     }
 
     #[test]
@@ -255,7 +321,12 @@ mod tests {
     fn a_target_outside_the_vocabulary_is_an_error_not_a_panic() {
         let x = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
         let w = Tensor::zeros((4, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
-        let error = projected_cross_entropy(&x, &w, &[1, 4], true).unwrap_err();
+        let mut out = vec![0.0; 12];
+        let into = HeadGradInto {
+            out: &mut out,
+            write: GradWrite::Overwrite,
+        };
+        let error = projected_cross_entropy(&x, &w, &[1, 4], Some(into)).unwrap_err();
         assert!(error.to_string().contains("target 4"), "{error}");
     }
 }
