@@ -19,9 +19,9 @@ fn status_kib(key: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// The rise of the peak resident memory over one step of `config`'s task, after a first
-/// step, as a multiple of the parameters' bytes.
-fn step_rise(config: TaskConfig) -> f64 {
+/// The rise of the peak resident memory over one step of `config`'s task in
+/// `micro_batches` passes, after a first step, as a multiple of the parameters' bytes.
+fn step_rise(config: TaskConfig, micro_batches: usize) -> f64 {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     // As the daemon does (its `allocator` module): every tensor-sized buffer is a mapping of
     // its own, given back when freed, so that resident memory follows what is live.
@@ -37,6 +37,7 @@ fn step_rise(config: TaskConfig) -> f64 {
         shards: 1,
     };
     let mut task = config.build(sampling).unwrap();
+    task.micro_batches = micro_batches;
     let mut params = task.model.init(3);
     let bytes = std::mem::size_of_val(params.as_slice()) as u64;
     let mut grad = vec![1.0f32; params.len()];
@@ -86,7 +87,31 @@ fn a_steps_passes_hold_the_parameters_and_the_gradient_once() {
     // the parameters' bytes; with their pages handed back, 1.06 times, of which candle's own
     // matmul kept about one vector alive (each weight's raw gradient, recorded by its sum);
     // with the trainer's `linear` op as well, 0.08 times.
-    let rise = step_rise(config);
+    let rise = step_rise(config, 1);
+    assert!(
+        rise < 0.5,
+        "the passes raised the peak by {rise:.2}× the parameters"
+    );
+}
+
+#[test]
+fn micro_batches_sum_their_gradients_without_a_second_copy() {
+    // The MLP above in two micro-batches of 4 rows: the second pass adds its gradient to the
+    // first's, in the flat buffer.
+    let mut config = TaskPreset::TeacherMlp.config();
+    config.model = ModelConfig::Mlp(MlpConfig {
+        hidden: vec![512; 16],
+        ..match config.model {
+            ModelConfig::Mlp(mlp) => mlp,
+            ModelConfig::Gpt(_) => unreachable!("the teacher preset is an MLP"),
+        }
+    });
+    config.data.batch_size = 8;
+    config.data.eval_samples = 8;
+    // Through candle's gradient store the second pass held its whole gradient beside the
+    // flat sum before adding it in: a rise of about 1× the parameters. The linear op adds
+    // each weight's part into the sum as it computes it.
+    let rise = step_rise(config, 2);
     assert!(
         rise < 0.5,
         "the passes raised the peak by {rise:.2}× the parameters"
@@ -115,7 +140,7 @@ fn a_gpt_step_keeps_no_copy_of_its_token_embedding_beside_its_gradient() {
     // accumulated into the flat gradient and the looked-up rows' added there. Through
     // candle's gradient store the two were summed into a zeroed copy of the embedding, and
     // the sum then copied into the flat gradient: a rise of 1.86×.
-    let rise = step_rise(config);
+    let rise = step_rise(config, 1);
     assert!(
         rise < 1.3,
         "the passes raised the peak by {rise:.2}× the parameters"

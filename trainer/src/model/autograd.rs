@@ -12,6 +12,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{D, Device, Storage, Tensor, Var};
 
+use super::grad_sink::Written;
 use crate::error::TrainerError;
 use crate::layout::ParamLayout;
 use crate::{pages, transfer};
@@ -106,19 +107,19 @@ impl ParamTensors {
     }
 
     /// Moves every tensor's gradient into `grad_out` as `write` says (a tensor that got
-    /// none counts as zeros), freeing each of candle's gradients once it is written. The
-    /// tensor at index `written`, if any, has its gradient in `grad_out` already.
+    /// none counts as zeros), freeing each of candle's gradients once it is written; the
+    /// tensors the pass's ops `written` into `grad_out` themselves are left as they are.
     pub(crate) fn write_grads(
         &self,
         mut grads: GradStore,
         layout: &ParamLayout,
         grad_out: &mut [f32],
         write: GradWrite,
-        written: Option<usize>,
+        written: &Written,
     ) -> Result<(), TrainerError> {
         TrainerError::check_len("grad", layout.len(), grad_out.len())?;
         for (index, (spec, tensor)) in layout.tensors().iter().zip(&self.tensors).enumerate() {
-            if written == Some(index) {
+            if written.contains(index) {
                 continue;
             }
             let out = &mut grad_out[spec.range()];
@@ -194,7 +195,7 @@ fn add_to_slice(tensor: &Tensor, scale: f32, out: &mut [f32]) -> Result<(), Trai
 }
 
 /// Calls `use_values` with a tensor's `len` f32 values in host memory.
-fn with_host_values(
+pub(crate) fn with_host_values(
     tensor: &Tensor,
     len: usize,
     use_values: impl FnOnce(&[f32]),

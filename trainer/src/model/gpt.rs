@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use super::autograd::{GradWrite, ParamTensors, add_rows, layer_norm, softmax_last};
 use super::gpt_preset::GptSection;
+use super::grad_sink::OpenSink;
 use super::linear::linear;
-use super::projected_loss::{HeadGradInto, projected_cross_entropy};
+use super::projected_loss::projected_cross_entropy;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::{Init, ParamLayout};
@@ -219,6 +220,16 @@ impl Gpt {
 
         let (d, h) = (self.width, self.heads);
         let hd = d / h;
+        let (mut grad_out, write) = match grad_out {
+            Some((grad_out, write)) => (Some(grad_out), write),
+            None => (None, GradWrite::Overwrite),
+        };
+        // The weights' gradients go into the flat gradient as the trainer's ops compute
+        // them (on the CPU; on a GPU the sink stays empty and the graph carries them).
+        let open = grad_out
+            .as_deref_mut()
+            .map(|grad_out| OpenSink::open(grad_out, &self.layout, write));
+        let sink = |index: usize| open.as_ref().map(|open| (open.sink(), index));
         transfer::uploaded(&self.device, std::mem::size_of_val(ids.as_slice()));
         let id_tensor = Tensor::from_slice(ids, n, &self.device)?;
         // The token rows are looked up outside the graph and enter it as a variable of their
@@ -226,7 +237,7 @@ impl Gpt {
         // lookup would have summed it into a zeroed copy of the whole embedding, a
         // vocabulary-sized temporary at the end of the backward pass.
         let tok = p.get(0).detach().embedding(&id_tensor)?;
-        let tok = if grad_out.is_some() {
+        let tok = if open.is_some() {
             Var::from_tensor(&tok)?.into_inner()
         } else {
             tok
@@ -239,10 +250,11 @@ impl Gpt {
         let mask = self.causal_mask.narrow(0, 0, t)?.narrow(1, 0, t)?;
         let scale = 1.0 / (hd as f64).sqrt();
         for layer in 0..self.layers {
-            let w = |k: usize| p.get(2 + layer * PER_BLOCK + k);
+            let at = |k: usize| 2 + layer * PER_BLOCK + k;
+            let w = |k: usize| p.get(at(k));
             // Attention.
             let a = layer_norm(&x, w(0), w(1), LN_EPS)?;
-            let qkv = linear(&a, w(2))?.broadcast_add(w(3))?;
+            let qkv = linear(&a, w(2), sink(at(2)))?.broadcast_add(w(3))?;
             let qkv = qkv.reshape((rows, t, 3, h, hd))?.permute((2, 0, 3, 1, 4))?;
             let q = qkv.get(0)?.contiguous()?;
             let k = qkv.get(1)?.contiguous()?;
@@ -250,11 +262,12 @@ impl Gpt {
             let att = q.matmul(&k.t()?)?.affine(scale, 0.0)?;
             let att = softmax_last(&att.broadcast_add(&mask)?)?;
             let y = att.matmul(&v)?.transpose(1, 2)?.reshape((n, d))?;
-            x = (x + linear(&y, w(4))?.broadcast_add(w(5))?)?;
+            x = (x + linear(&y, w(4), sink(at(4)))?.broadcast_add(w(5))?)?;
             // MLP.
             let m = layer_norm(&x, w(6), w(7), LN_EPS)?;
-            let m = super::gelu::apply(&linear(&m, w(8))?.broadcast_add(w(9))?)?;
-            x = (x + linear(&m, w(10))?.broadcast_add(w(11))?)?;
+            let m = linear(&m, w(8), sink(at(8)))?.broadcast_add(w(9))?;
+            let m = super::gelu::apply(&m)?;
+            x = (x + linear(&m, w(10), sink(at(10)))?.broadcast_add(w(11))?)?;
         }
         let last = 2 + self.layers * PER_BLOCK;
         let x = layer_norm(&x, p.get(last), p.get(last + 1), LN_EPS)?;
@@ -262,30 +275,29 @@ impl Gpt {
             &self.device,
             std::mem::size_of_val(batch.targets.as_slice()),
         );
-        // The output head's gradient (the embedding's, tied) goes straight into the flat
-        // gradient on the CPU; on a GPU the graph carries it.
-        let embedding = self.layout.tensors()[0].range();
-        let mut grad_out = grad_out;
-        let head_grad = grad_out.as_mut().map(|(out, write)| HeadGradInto {
-            out: &mut out[embedding.clone()],
-            write: *write,
-        });
-        let (loss, head_written) =
-            projected_cross_entropy(&x, p.get(0), &batch.targets, head_grad)?;
+        // The output head is the embedding (tied, layout index 0).
+        let loss = projected_cross_entropy(&x, p.get(0), &batch.targets, sink(0))?;
         transfer::downloaded(&self.device, std::mem::size_of::<f32>());
         let value = loss.to_scalar::<f32>()?;
-        if let Some((grad_out, write)) = grad_out {
+        let backward = |open: OpenSink<'_>| -> candle_core::Result<_> {
             let mut grads = loss.backward()?;
             // The graph's activations go before the gradients are moved out.
             drop((loss, x));
             let rows_grad = grads.remove(&tok);
             drop(tok);
-            let written = head_written.then_some(0);
-            p.write_grads(grads, &self.layout, grad_out, write, written)?;
-            // The looked-up rows' part of the embedding's gradient.
-            if let Some(rows_grad) = rows_grad {
-                add_rows(&rows_grad, ids, &mut grad_out[embedding], write)?;
-            }
+            Ok((grads, rows_grad, open.close()))
+        };
+        let Some((grads, rows_grad, written)) = open.map(backward).transpose()? else {
+            return Ok(value);
+        };
+        let Some(grad_out) = grad_out else {
+            unreachable!("the sink was open over the gradient buffer")
+        };
+        p.write_grads(grads, &self.layout, grad_out, write, &written)?;
+        // The looked-up rows' part of the embedding's gradient.
+        if let Some(rows_grad) = rows_grad {
+            let embedding = self.layout.tensors()[0].range();
+            add_rows(&rows_grad, ids, &mut grad_out[embedding], write)?;
         }
         Ok(value)
     }

@@ -4,6 +4,7 @@ use candle_core::{Device, Tensor};
 use serde::{Deserialize, Serialize};
 
 use super::autograd::{GradWrite, ParamTensors, cross_entropy};
+use super::grad_sink::OpenSink;
 use super::linear::linear;
 use crate::batch::{Batch, BatchInputs};
 use crate::error::{ConfigError, TrainerError};
@@ -157,13 +158,23 @@ impl Mlp {
             });
         }
         super::check_ids("label", &batch.targets, self.classes)?;
+        let (mut grad_out, write) = match grad_out {
+            Some((grad_out, write)) => (Some(grad_out), write),
+            None => (None, GradWrite::Overwrite),
+        };
+        // The weights' gradients go into the flat gradient as the linear op computes them
+        // (on the CPU; on a GPU the sink stays empty and the graph carries them).
+        let open = grad_out
+            .as_deref_mut()
+            .map(|grad_out| OpenSink::open(grad_out, &self.layout, write));
         let mut x = Tensor::from_slice(values, (batch.rows, *width), &self.device)?;
         transfer::uploaded(&self.device, std::mem::size_of_val(values));
         let layers = self.layout.tensors().len() / 2;
         for layer in 0..layers {
             let w = weights.get(2 * layer);
             let b = weights.get(2 * layer + 1);
-            x = linear(&x, w)?.broadcast_add(b)?;
+            let sink = open.as_ref().map(|open| (open.sink(), 2 * layer));
+            x = linear(&x, w, sink)?.broadcast_add(b)?;
             if layer + 1 < layers {
                 x = match self.activation {
                     Activation::Relu => x.relu()?,
@@ -180,11 +191,18 @@ impl Mlp {
         let loss = cross_entropy(&x, &targets)?;
         transfer::downloaded(&self.device, std::mem::size_of::<f32>());
         let value = loss.to_scalar::<f32>()?;
-        if let Some((grad_out, write)) = grad_out {
+        let backward = |open: OpenSink<'_>| -> candle_core::Result<_> {
             let grads = loss.backward()?;
             drop((loss, x));
-            weights.write_grads(grads, &self.layout, grad_out, write, None)?;
-        }
+            Ok((grads, open.close()))
+        };
+        let Some((grads, written)) = open.map(backward).transpose()? else {
+            return Ok(value);
+        };
+        let Some(grad_out) = grad_out else {
+            unreachable!("the sink was open over the gradient buffer")
+        };
+        weights.write_grads(grads, &self.layout, grad_out, write, &written)?;
         Ok(value)
     }
 }

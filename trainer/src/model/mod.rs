@@ -8,6 +8,7 @@ mod autograd;
 mod gelu;
 mod gpt;
 mod gpt_preset;
+mod grad_sink;
 mod linear;
 mod mlp;
 mod projected_loss;

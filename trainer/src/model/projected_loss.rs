@@ -13,39 +13,33 @@
 //!
 //! The output matrix's gradient does not go through candle's gradient store, which would
 //! have summed it into a zeroed copy of the matrix at the end of the backward pass, and
-//! then been copied into the trainer's flat gradient: the op accumulates it, block by
-//! block, straight into the caller's buffer ([`HeadGradInto`]).
+//! then been copied into the trainer's flat gradient: the op adds it, block by block,
+//! straight into the flat gradient through the pass's sink ([`super::grad_sink`]).
 //!
 //! The kernel is the CPU's; on a GPU the loss is the generic ops' (the same formula), and
 //! the matrix's gradient comes through candle's store.
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 
-use super::autograd::{GradWrite, cross_entropy};
+use std::sync::Arc;
+
+use super::autograd::cross_entropy;
+use super::grad_sink::{GradSink, add_transposed_product};
 
 /// The most logits one block holds: 4 Mi floats (16 MiB).
 const BLOCK_LOGITS: usize = 1 << 22;
 
-/// Where the output matrix's gradient goes: `out` (`[vocab, d]`, row-major), written
-/// (`Overwrite`) or added to, times the pass's scale, as `write` says. The gradient is for
-/// a backward pass from the loss itself (a loss gradient of 1).
-#[derive(Debug)]
-pub(crate) struct HeadGradInto<'a> {
-    pub(crate) out: &'a mut [f32],
-    pub(crate) write: GradWrite,
-}
-
 /// Mean cross-entropy, in nats, of the logits `x · weightᵀ` (`x`: `[n, d]`, `weight`:
-/// `[vocab, d]`) against `targets` (`n` token ids below `vocab`). With `head_grad` the
-/// gradients of both inputs are computed with the loss: `x`'s for the backward pass to
-/// hand over, the matrix's into `head_grad`. Returns the loss and whether the matrix's
-/// gradient was written there: on a GPU it is not, and the graph carries it.
+/// `[vocab, d]`) against `targets` (`n` token ids below `vocab`). With `head_grad`, the
+/// pass's sink and `weight`'s layout index, the gradients of both inputs are computed with
+/// the loss: `x`'s for the backward pass to hand over (from the loss itself, a loss
+/// gradient of 1), the matrix's into the sink. On a GPU the graph carries both.
 pub(crate) fn projected_cross_entropy(
     x: &Tensor,
     weight: &Tensor,
     targets: &[u32],
-    head_grad: Option<HeadGradInto<'_>>,
-) -> candle_core::Result<(Tensor, bool)> {
+    head_grad: Option<(&Arc<GradSink>, usize)>,
+) -> candle_core::Result<Tensor> {
     let vocab = weight.dims2()?.0;
     let rows = (BLOCK_LOGITS / vocab.max(1)).max(1);
     with_block_rows(x, weight, targets, head_grad, rows)
@@ -56,9 +50,9 @@ fn with_block_rows(
     x: &Tensor,
     weight: &Tensor,
     targets: &[u32],
-    mut head_grad: Option<HeadGradInto<'_>>,
+    head_grad: Option<(&Arc<GradSink>, usize)>,
     rows: usize,
-) -> candle_core::Result<(Tensor, bool)> {
+) -> candle_core::Result<Tensor> {
     let with_grad = head_grad.is_some();
     let (n, d) = x.dims2()?;
     let (vocab, weight_d) = weight.dims2()?;
@@ -74,7 +68,7 @@ fn with_block_rows(
     }
     if !x.device().is_cpu() {
         let targets = Tensor::from_slice(targets, n, x.device())?;
-        return Ok((cross_entropy(&x.matmul(&weight.t()?)?, &targets)?, false));
+        return cross_entropy(&x.matmul(&weight.t()?)?, &targets);
     }
     let (tracked_x, tracked_weight) = (x, weight);
     let (x, weight) = (x.detach(), weight.detach());
@@ -82,17 +76,6 @@ fn with_block_rows(
     let scale = 1.0 / n as f32;
     let mut total = 0.0f64;
     let mut x_blocks = Vec::with_capacity(if with_grad { n.div_ceil(rows) } else { 0 });
-    if let Some(into) = &mut head_grad {
-        if into.out.len() != vocab * d {
-            candle_core::bail!(
-                "projected cross-entropy: a gradient buffer of {} floats for {vocab} × {d}",
-                into.out.len()
-            );
-        }
-        if into.write == GradWrite::Overwrite {
-            into.out.fill(0.0);
-        }
-    }
     let x_values = with_grad
         .then(|| x.flatten_all()?.to_vec1::<f32>())
         .transpose()?;
@@ -117,11 +100,12 @@ fn with_block_rows(
         if !with_grad {
             continue;
         }
-        if let (Some(x_values), Some(into)) = (&x_values, &mut head_grad) {
-            // dW += scale · blockᵀ · x_block, into the caller's buffer.
+        if let (Some(x_values), Some((sink, index))) = (&x_values, head_grad) {
+            // dW += blockᵀ · x_block, into the flat gradient.
             let x_block = &x_values[start * d..(start + len) * d];
-            let dims = (vocab, len, d);
-            add_transposed_product(into.out, into.write.scale(), &logits, x_block, dims);
+            sink.add_with(index, |dw, scale| {
+                add_transposed_product(dw, scale, &logits, x_block, (vocab, len, d));
+            })?;
         }
         let block = Tensor::from_vec(logits, (len, vocab), x.device())?;
         x_blocks.push(block.matmul(&weight)?);
@@ -135,7 +119,7 @@ fn with_block_rows(
         loss: (total / n as f64) as f32,
         x_grad,
     };
-    Ok((tracked_x.apply_op2(tracked_weight, op)?, with_grad))
+    tracked_x.apply_op2(tracked_weight, op)
 }
 
 /// The op as the graph records it: its value and `x`'s gradient (for a loss gradient of
@@ -192,56 +176,14 @@ fn log_sum_exp(row: &[f32]) -> f32 {
     max + sum.ln()
 }
 
-/// `sum += scale · blockᵀ · x`, with `block` `[rows, vocab]` and `x` `[rows, d]` row-major
-/// and `sum` `[vocab, d]`: candle's CPU matrix product, accumulating in place.
-fn add_transposed_product(
-    sum: &mut [f32],
-    scale: f32,
-    block: &[f32],
-    x: &[f32],
-    (vocab, rows, d): (usize, usize, usize),
-) {
-    assert!(sum.len() == vocab * d && block.len() == rows * vocab && x.len() == rows * d);
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
-    // SAFETY: the three slices hold the elements the strides below reach (checked above):
-    // `sum[i·d + j]` for i < vocab, j < d; `block[p·vocab + i]` (the transpose's (i, p)) and
-    // `x[p·d + j]` for p < rows; `sum` does not overlap the others (it is borrowed
-    // mutably).
-    unsafe {
-        gemm::gemm(
-            vocab,
-            d,
-            rows,
-            sum.as_mut_ptr(),
-            1,
-            d as isize,
-            true,
-            block.as_ptr(),
-            vocab as isize,
-            1,
-            x.as_ptr(),
-            1,
-            d as isize,
-            1.0,
-            scale,
-            false,
-            false,
-            false,
-            parallelism,
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
+    use crate::layout::{Init, ParamLayout};
+    use crate::model::autograd::GradWrite;
+    use crate::model::grad_sink::OpenSink;
 
     /// Deterministic values in [-scale, scale], different for each `seed`.
     fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
@@ -257,22 +199,21 @@ mod tests {
         let w = Var::from_vec(values(vocab * d, 2, 1.5), (vocab, d), &Device::Cpu).unwrap();
         let targets: Vec<u32> = (0..n as u32).map(|i| (i * 4 + 3) % vocab as u32).collect();
         let mut head_grad = vec![7.0f32; vocab * d];
+        let mut layout = ParamLayout::default();
+        layout.push("w".into(), &[vocab, d], true, Init::Zeros);
         let (loss, written) = match rows {
             Some(rows) => {
                 let without = with_block_rows(x.as_tensor(), w.as_tensor(), &targets, None, rows);
-                let into = HeadGradInto {
-                    out: &mut head_grad,
-                    write: GradWrite::Overwrite,
-                };
-                let with =
-                    with_block_rows(x.as_tensor(), w.as_tensor(), &targets, Some(into), rows);
-                let ((without, none), (with, written)) = (without.unwrap(), with.unwrap());
-                assert!(!none);
+                let open = OpenSink::open(&mut head_grad, &layout, GradWrite::Overwrite);
+                let into = Some((open.sink(), 0));
+                let with = with_block_rows(x.as_tensor(), w.as_tensor(), &targets, into, rows);
+                let (without, with) = (without.unwrap(), with.unwrap());
                 assert_eq!(
                     without.to_scalar::<f32>().unwrap(),
                     with.to_scalar::<f32>().unwrap()
                 );
-                (with, written)
+                assert!(open.close().contains(0));
+                (with, true)
             }
             None => {
                 let logits = x.as_tensor().matmul(&w.as_tensor().t().unwrap()).unwrap();
@@ -322,11 +263,10 @@ mod tests {
         let x = Tensor::zeros((2, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
         let w = Tensor::zeros((4, 3), candle_core::DType::F32, &Device::Cpu).unwrap();
         let mut out = vec![0.0; 12];
-        let into = HeadGradInto {
-            out: &mut out,
-            write: GradWrite::Overwrite,
-        };
-        let error = projected_cross_entropy(&x, &w, &[1, 4], Some(into)).unwrap_err();
+        let mut layout = ParamLayout::default();
+        layout.push("w".into(), &[4, 3], true, Init::Zeros);
+        let open = OpenSink::open(&mut out, &layout, GradWrite::Overwrite);
+        let error = projected_cross_entropy(&x, &w, &[1, 4], Some((open.sink(), 0))).unwrap_err();
         assert!(error.to_string().contains("target 4"), "{error}");
     }
 }
