@@ -22,8 +22,13 @@
 //! not match a share rejects it with [`SgpError::StaleReference`] and tells its sender
 //! (a `ShareRefused` message, or the transport hands the share back before confirming
 //! it); the sender takes the share back and forgets the edge. A refusal can come after
-//! the transport confirmed the share, so each edge remembers the weight of its last share
-//! until the next: its reference is that share's `v`, and `w_s · v` is what to take back.
+//! the transport confirmed the share, so each edge remembers its last share until the next:
+//! its weight, its payload and the reference it was built on, from which `v` is computed
+//! again bit for bit, and `w_s · v` is what to take back. The next share folds it in.
+//!
+//! References are kept in 16 bits an element ([`super::reference`]): `r ← v` rounds `v`
+//! the same way at both ends, and the rounding, never part of the mass a share moves,
+//! goes out with the next share's deviation.
 
 use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 
@@ -523,9 +528,9 @@ impl PieceCoder {
     /// split subtracted, bit for bit.
     fn take_back<P>(&mut self, state: &mut PushSumState, edge: &OutEdge<P>, weight: f64) {
         let len = state.len();
-        if edge.last_share.is_empty() {
-            return;
-        }
+        // An edge's version names its last share only while it holds that share's payload
+        // (a share that fails to fold or encode drops the edge).
+        debug_assert!(!edge.last_share.is_empty(), "a share to take back");
         let moved = self.each_value(&edge.last_share, Some(&edge.reference), len, |start, v| {
             state.add_scaled_at(start, weight, v);
         });

@@ -8,7 +8,8 @@
 use candle_core::{Device, Tensor, Var};
 use serde::{Deserialize, Serialize};
 
-use super::autograd::{GradWrite, ParamTensors, add_rows, layer_norm, softmax_last};
+use super::attention::causal_weights;
+use super::autograd::{GradWrite, ParamTensors, add_rows, layer_norm};
 use super::gpt_preset::GptSection;
 use super::grad_sink::OpenSink;
 use super::linear::linear;
@@ -259,8 +260,7 @@ impl Gpt {
             let q = qkv.get(0)?.contiguous()?;
             let k = qkv.get(1)?.contiguous()?;
             let v = qkv.get(2)?.contiguous()?;
-            let att = q.matmul(&k.t()?)?.affine(scale, 0.0)?;
-            let att = softmax_last(&att.broadcast_add(&mask)?)?;
+            let att = causal_weights(&q, &k, scale, &mask)?;
             let y = att.matmul(&v)?.transpose(1, 2)?.reshape((n, d))?;
             x = (x + linear(&y, w(4), sink(at(4)))?.broadcast_add(w(5))?)?;
             // MLP.

@@ -4,6 +4,7 @@
 //! [`Model::layout`]; every call takes that slice, builds candle tensors from it, and writes
 //! the gradient into a flat buffer of the same length.
 
+mod attention;
 mod autograd;
 mod gelu;
 mod gpt;
