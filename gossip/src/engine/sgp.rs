@@ -51,7 +51,7 @@ pub struct SgpEngine<P> {
     /// The most payload bytes of a share in one parcel; larger shares go in pieces
     /// ([`super::sgp_pieces`]). 0: no bound.
     max_piece: usize,
-    pieces_out: PiecesOut,
+    pieces_out: PiecesOut<P>,
     pieces_in: PiecesIn<P>,
     outputs: VecDeque<EngineOutput<P>>,
     silent: Vec<P>,
@@ -168,23 +168,22 @@ impl<P: PeerKey> SgpEngine<P> {
         let size = self
             .max_piece
             .max(payload.len().div_ceil(MAX_PIECES as usize));
-        let pieces = payload.len().div_ceil(size);
-        for (index, bytes) in payload.chunks(size).enumerate() {
-            let mut piece = self.machine.spare_buffer();
+        self.pieces_out.sent(to, (header, elements), payload, size);
+        self.cut_pieces(to);
+    }
+
+    /// Sends the pieces of shares to `to` that may go now ([`PiecesOut::cut`]).
+    fn cut_pieces(&mut self, to: P) {
+        let (machine, outputs) = (&mut self.machine, &mut self.outputs);
+        self.pieces_out.cut(to, |seq, wire, bytes| {
+            let mut piece = machine.spare_buffer();
             piece.extend_from_slice(bytes);
-            let wire = PushSumShare {
-                chunk: index as u32,
-                chunk_count: pieces as u32,
-                offset: (index * size) as u64,
-                ..header.to_wire(elements)
-            };
-            self.outputs.push_back(EngineOutput::Send {
+            outputs.push_back(EngineOutput::Send {
                 to,
-                tag: header.seq,
+                tag: seq,
                 parcel: Parcel::Share(wire, piece),
             });
-        }
-        self.pieces_out.sent(header, payload, pieces as u32);
+        });
     }
 
     fn notice(&mut self, to: P, parcel: Parcel<P>) {
@@ -394,7 +393,10 @@ impl<P: PeerKey> SgpEngine<P> {
         };
         if self.pieces_out.contains(tag) {
             self.machine.recycle(payload);
-            let Some(whole) = self.pieces_out.reported(tag, delivered) else {
+            let whole = self.pieces_out.reported(tag, delivered);
+            // A piece less ahead for `to`: the next may be cut.
+            self.cut_pieces(to);
+            let Some(whole) = whole else {
                 return Ok(());
             };
             let share = whole.header.to_wire(share.elements);

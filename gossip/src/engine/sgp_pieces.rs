@@ -11,9 +11,12 @@
 //! differ from its share's other pieces.
 //!
 //! A share is written when every piece is; one piece the transport could not write makes
-//! the whole share unwritten, and the sender takes its mass back from the payload it keeps
-//! until then, as for any share the transport gives back. The pieces are cut when the share
-//! is sent, so a share in pieces holds its encoded bytes twice until they are written. A receiver holds one incomplete share per sender: a piece
+//! the whole share unwritten (no more of its pieces go out), and the sender takes its mass
+//! back from the payload it keeps until then, as for any share the transport gives back.
+//! The pieces are cut as the transport writes them, at most [`PIECES_AHEAD`] unreported for
+//! a receiver, so a share in pieces holds its encoded bytes once and those few pieces
+//! besides; a receiver's shares go out in order, each one's pieces after all of the
+//! earlier one's. A receiver holds one incomplete share per sender: a piece
 //! of a later share replaces it, and the sender, receiving no receipt for the one left
 //! incomplete, asks to cancel it, is told it was never applied, and takes its mass back.
 
@@ -29,22 +32,47 @@ use crate::sgp::ShareHeader;
 /// 250M-parameter `f32` share in 15 pieces, 1 MiB frames in 954.
 pub const MAX_PIECES: u32 = 1 << 16;
 
+/// The most pieces cut for one receiver and not yet reported on by the transport.
+pub(crate) const PIECES_AHEAD: u32 = 4;
+
 /// The sender's shares in flight in pieces, by sequence number, each with its whole
 /// payload: a piece the transport could not write makes the share unwritten, and its mass
 /// comes back from that payload as for any share the transport gives back.
-#[derive(Debug, Default)]
-pub(crate) struct PiecesOut {
-    shares: HashMap<u64, Outgoing>,
+#[derive(Debug)]
+pub(crate) struct PiecesOut<P> {
+    shares: HashMap<u64, Outgoing<P>>,
+}
+
+impl<P> Default for PiecesOut<P> {
+    fn default() -> Self {
+        PiecesOut {
+            shares: HashMap::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
-struct Outgoing {
+struct Outgoing<P> {
+    to: P,
     header: ShareHeader,
+    elements: u32,
     payload: Vec<u8>,
-    /// Pieces not reported yet.
-    left: u32,
+    /// Bytes of every piece but the last.
+    size: usize,
+    count: u32,
+    /// The next piece to cut.
+    next: u32,
+    /// Pieces cut and not reported yet.
+    unreported: u32,
     /// Whether a piece was not written.
     failed: bool,
+}
+
+impl<P> Outgoing<P> {
+    /// Whether pieces are still to be cut.
+    fn to_cut(&self) -> bool {
+        !self.failed && self.next < self.count
+    }
 }
 
 /// A share whose every piece the transport reported on.
@@ -56,13 +84,26 @@ pub(crate) struct Reported {
     pub(crate) payload: Vec<u8>,
 }
 
-impl PiecesOut {
-    /// The share `header` went out in `pieces` parcels cut from `payload`.
-    pub(crate) fn sent(&mut self, header: ShareHeader, payload: Vec<u8>, pieces: u32) {
+impl<P: PeerKey> PiecesOut<P> {
+    /// The share `header` of `elements` elements goes to `to` in pieces of `size` bytes
+    /// cut from `payload`; [`PiecesOut::cut`] hands them out.
+    pub(crate) fn sent(
+        &mut self,
+        to: P,
+        (header, elements): (ShareHeader, u32),
+        payload: Vec<u8>,
+        size: usize,
+    ) {
+        let count = payload.len().div_ceil(size.max(1)) as u32;
         let outgoing = Outgoing {
+            to,
             header,
+            elements,
             payload,
-            left: pieces,
+            size: size.max(1),
+            count,
+            next: 0,
+            unreported: 0,
             failed: false,
         };
         self.shares.insert(header.seq, outgoing);
@@ -73,12 +114,51 @@ impl PiecesOut {
         self.shares.contains_key(&seq)
     }
 
-    /// The transport reported one piece of share `seq`; the share once every piece is.
+    /// Cuts the pieces that may go to `to` now, each passed to `send` with its share's
+    /// sequence number and its header: the oldest share's first, up to [`PIECES_AHEAD`]
+    /// unreported for `to`.
+    pub(crate) fn cut(&mut self, to: P, mut send: impl FnMut(u64, PushSumShare<'static>, &[u8])) {
+        let mut unreported: u32 = self
+            .shares
+            .values()
+            .filter(|share| share.to == to)
+            .map(|share| share.unreported)
+            .sum();
+        while unreported < PIECES_AHEAD {
+            let oldest = self
+                .shares
+                .iter()
+                .filter(|(_, share)| share.to == to && share.to_cut())
+                .map(|(&seq, _)| seq)
+                .min();
+            let Some(share) = oldest.and_then(|seq| self.shares.get_mut(&seq)) else {
+                return;
+            };
+            while share.to_cut() && unreported < PIECES_AHEAD {
+                let index = share.next as usize;
+                let start = index * share.size;
+                let end = (start + share.size).min(share.payload.len());
+                let wire = PushSumShare {
+                    chunk: share.next,
+                    chunk_count: share.count,
+                    offset: start as u64,
+                    ..share.header.to_wire(share.elements)
+                };
+                send(share.header.seq, wire, &share.payload[start..end]);
+                share.next += 1;
+                share.unreported += 1;
+                unreported += 1;
+            }
+        }
+    }
+
+    /// The transport reported one piece of share `seq`; the share once every piece cut is
+    /// reported and no more will be.
     pub(crate) fn reported(&mut self, seq: u64, written: bool) -> Option<Reported> {
         let share = self.shares.get_mut(&seq)?;
-        share.left = share.left.saturating_sub(1);
+        share.unreported = share.unreported.saturating_sub(1);
         share.failed |= !written;
-        if share.left > 0 {
+        if share.unreported > 0 || share.to_cut() {
             return None;
         }
         let share = self.shares.remove(&seq)?;
@@ -364,26 +444,81 @@ mod tests {
         assert!(incoming.forget(&8).is_some());
     }
 
-    #[test]
-    fn a_share_is_written_once_every_piece_is_and_unwritten_if_one_is_not() {
-        let header = ShareHeader {
-            seq: 4,
+    fn header(seq: u64) -> ShareHeader {
+        ShareHeader {
+            seq,
             step: 9,
             weight: 0.5,
             reference: None,
             codec: CodecSpec::F32,
-        };
+        }
+    }
+
+    /// Cuts what may go to `to`: (seq, chunk, bytes) of each piece.
+    fn cut_now(out: &mut PiecesOut<u32>, to: u32) -> Vec<(u64, u32, Vec<u8>)> {
+        let mut pieces = Vec::new();
+        out.cut(to, |seq, wire, bytes| {
+            pieces.push((seq, wire.chunk, bytes.to_vec()))
+        });
+        pieces
+    }
+
+    #[test]
+    fn a_share_is_written_once_every_piece_is_and_unwritten_if_one_is_not() {
         let mut out = PiecesOut::default();
-        out.sent(header, vec![1, 2, 3], 3);
+        out.sent(7, (header(4), 100), vec![1, 2, 3], 1);
         assert!(out.contains(4));
+        assert_eq!(cut_now(&mut out, 7).len(), 3);
         assert!(out.reported(4, true).is_none());
         assert!(out.reported(4, false).is_none());
         let done = out.reported(4, true).unwrap();
         assert!(!done.written);
         assert_eq!(done.payload, vec![1, 2, 3]);
         assert!(!out.contains(4));
-        out.sent(header, vec![1], 2);
-        assert!(out.reported(4, true).is_none());
+        out.sent(7, (header(4), 100), vec![1], 1);
+        assert_eq!(cut_now(&mut out, 7).len(), 1);
         assert!(out.reported(4, true).unwrap().written);
+    }
+
+    #[test]
+    fn pieces_are_cut_as_the_transport_writes_them_a_receivers_shares_in_order() {
+        let mut out = PiecesOut::default();
+        // Two shares to 7 of 6 and 2 pieces, one to 8 of 1.
+        out.sent(7, (header(1), 100), (0..6).collect(), 1);
+        out.sent(7, (header(2), 100), vec![10, 11], 1);
+        out.sent(8, (header(3), 100), vec![20], 1);
+        let first = cut_now(&mut out, 7);
+        let expected: Vec<(u64, u32, Vec<u8>)> = (0..4).map(|i| (1, i, vec![i as u8])).collect();
+        assert_eq!(
+            first, expected,
+            "the oldest share's first pieces, four ahead"
+        );
+        assert!(
+            cut_now(&mut out, 7).is_empty(),
+            "nothing more until one is written"
+        );
+        assert_eq!(
+            cut_now(&mut out, 8),
+            [(3, 0, vec![20])],
+            "another receiver's own window"
+        );
+        for _ in 0..2 {
+            assert!(out.reported(1, true).is_none());
+        }
+        // Two written: the first share's last two pieces go, then nothing of the second.
+        assert_eq!(cut_now(&mut out, 7), [(1, 4, vec![4]), (1, 5, vec![5])]);
+        assert!(out.reported(1, true).is_none());
+        assert_eq!(cut_now(&mut out, 7), [(2, 0, vec![10])]);
+        // A piece that was not written: no more of its share is cut, and it ends unwritten
+        // once the pieces cut are reported.
+        let failed = out.reported(2, false).unwrap();
+        assert!(!failed.written);
+        assert_eq!(failed.payload, vec![10, 11]);
+        assert!(cut_now(&mut out, 7).is_empty());
+        for _ in 0..2 {
+            assert!(out.reported(1, true).is_none());
+        }
+        assert!(out.reported(1, true).unwrap().written);
+        assert!(!out.contains(1));
     }
 }

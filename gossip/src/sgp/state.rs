@@ -137,13 +137,17 @@ impl PushSumState {
     }
 
     /// Moves all of this peer's mass out into `payload`; returns the weight moved.
+    ///
+    /// The numerator's memory goes with it: the zeros left are a fresh vector, which takes
+    /// memory only where later shares write (a large allocation is mapped on demand), so a
+    /// leaving peer does not hold its parameters twice while its hand-off travels.
     pub(crate) fn drain_f32(&mut self, payload: &mut Vec<u8>) -> f64 {
         payload.clear();
         payload.reserve(self.numerator.len() * F32_BYTES);
-        for x in &mut self.numerator {
+        for x in &self.numerator {
             payload.extend_from_slice(&x.to_le_bytes());
-            *x = 0.0;
         }
+        self.numerator = vec![0.0; self.numerator.len()];
         std::mem::take(&mut self.weight)
     }
 
