@@ -67,12 +67,11 @@ fn step_rise(config: TaskConfig, micro_batches: usize) -> f64 {
     ratio
 }
 
-#[test]
-fn a_steps_passes_hold_the_parameters_and_the_gradient_once() {
-    // Sixteen 512-wide hidden layers: 4.2M parameters (17 MB) in tensors of 1 MB, and a
-    // batch of 8 rows whose activations are a few hundred KB. (candle's backward briefly
-    // holds two gradients of a tensor while it sums them, so a model of one large tensor
-    // would rise by twice that tensor whatever the flat vectors do.)
+/// Sixteen 512-wide hidden layers: 4.2M parameters (17 MB) in tensors of 1 MB, and a batch
+/// of 8 rows whose activations are a few hundred KB. (candle's backward briefly holds two
+/// gradients of a tensor while it sums them, so a model of one large tensor would rise by
+/// twice that tensor whatever the flat vectors do.)
+fn deep_mlp() -> TaskConfig {
     let mut config = TaskPreset::TeacherMlp.config();
     config.model = ModelConfig::Mlp(MlpConfig {
         hidden: vec![512; 16],
@@ -83,6 +82,12 @@ fn a_steps_passes_hold_the_parameters_and_the_gradient_once() {
     });
     config.data.batch_size = 8;
     config.data.eval_samples = 8;
+    config
+}
+
+#[test]
+fn a_steps_passes_hold_the_parameters_and_the_gradient_once() {
+    let config = deep_mlp();
     // With the flat vectors kept resident beside candle's copies the peak rose 3.0 times
     // the parameters' bytes; with their pages handed back, 1.06 times, of which candle's own
     // matmul kept about one vector alive (each weight's raw gradient, recorded by its sum);
@@ -98,16 +103,7 @@ fn a_steps_passes_hold_the_parameters_and_the_gradient_once() {
 fn micro_batches_sum_their_gradients_without_a_second_copy() {
     // The MLP above in two micro-batches of 4 rows: the second pass adds its gradient to the
     // first's, in the flat buffer.
-    let mut config = TaskPreset::TeacherMlp.config();
-    config.model = ModelConfig::Mlp(MlpConfig {
-        hidden: vec![512; 16],
-        ..match config.model {
-            ModelConfig::Mlp(mlp) => mlp,
-            ModelConfig::Gpt(_) => unreachable!("the teacher preset is an MLP"),
-        }
-    });
-    config.data.batch_size = 8;
-    config.data.eval_samples = 8;
+    let config = deep_mlp();
     // Through candle's gradient store the second pass held its whole gradient beside the
     // flat sum before adding it in: a rise of about 1× the parameters. The linear op adds
     // each weight's part into the sum as it computes it.

@@ -143,12 +143,7 @@ mod tests {
 
     use super::*;
 
-    /// Deterministic values in [-scale, scale], different for each `seed`.
-    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as f32 + 0.5) * (0.37 + seed as f32)).sin() * scale)
-            .collect()
-    }
+    use crate::model::wave as values;
 
     /// The weights, and the gradients of q and k under a fixed linear read-out of them, by
     /// the op or by the generic ops.

@@ -191,12 +191,13 @@ impl Gpt {
         self.vocab
     }
 
-    /// Mean next-token loss; gradient into `grad_out` when given, as its [`GradWrite`] says.
+    /// Mean next-token loss; gradient into `grad_out` when given, as `write` says.
     pub(crate) fn run(
         &self,
         p: &ParamTensors,
         batch: &Batch,
-        grad_out: Option<(&mut [f32], GradWrite)>,
+        mut grad_out: Option<&mut [f32]>,
+        write: GradWrite,
     ) -> Result<f32, TrainerError> {
         let BatchInputs::Tokens { ids, context: t } = &batch.inputs else {
             return Err(TrainerError::BatchMismatch {
@@ -221,10 +222,6 @@ impl Gpt {
 
         let (d, h) = (self.width, self.heads);
         let hd = d / h;
-        let (mut grad_out, write) = match grad_out {
-            Some((grad_out, write)) => (Some(grad_out), write),
-            None => (None, GradWrite::Overwrite),
-        };
         // The weights' gradients go into the flat gradient as the trainer's ops compute
         // them (on the CPU; on a GPU the sink stays empty and the graph carries them).
         let open = grad_out

@@ -126,12 +126,13 @@ impl Mlp {
         Ok(())
     }
 
-    /// Mean loss; gradient into `grad_out` when given, as its [`GradWrite`] says.
+    /// Mean loss; gradient into `grad_out` when given, as `write` says.
     pub(crate) fn run(
         &self,
         weights: &ParamTensors,
         batch: &Batch,
-        grad_out: Option<(&mut [f32], GradWrite)>,
+        mut grad_out: Option<&mut [f32]>,
+        write: GradWrite,
     ) -> Result<f32, TrainerError> {
         let BatchInputs::Features { values, width } = &batch.inputs else {
             return Err(TrainerError::BatchMismatch {
@@ -158,10 +159,6 @@ impl Mlp {
             });
         }
         super::check_ids("label", &batch.targets, self.classes)?;
-        let (mut grad_out, write) = match grad_out {
-            Some((grad_out, write)) => (Some(grad_out), write),
-            None => (None, GradWrite::Overwrite),
-        };
         // The weights' gradients go into the flat gradient as the linear op computes them
         // (on the CPU; on a GPU the sink stays empty and the graph carries them).
         let open = grad_out

@@ -212,9 +212,13 @@ impl Model {
         if let Some((grad_out, _)) = &grad_out {
             TrainerError::check_len("grad", self.param_count(), grad_out.len())?;
         }
+        let (grad_out, write) = match grad_out {
+            Some((grad_out, write)) => (Some(grad_out), write),
+            None => (None, GradWrite::Overwrite),
+        };
         match self {
-            Model::Mlp(m) => m.run(tensors, batch, grad_out),
-            Model::Gpt(m) => m.run(tensors, batch, grad_out),
+            Model::Mlp(m) => m.run(tensors, batch, grad_out, write),
+            Model::Gpt(m) => m.run(tensors, batch, grad_out, write),
         }
     }
 
@@ -250,4 +254,13 @@ pub(crate) fn check_ids(what: &str, ids: &[u32], limit: usize) -> Result<(), Tra
             reason: format!("{what} {} at position {at} is not below {limit}", ids[at]),
         }),
     }
+}
+
+/// Deterministic values in [-scale, scale], different for each `seed`: inputs for the ops'
+/// tests.
+#[cfg(test)]
+pub(crate) fn wave(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as f32 + 0.5) * (0.37 + seed as f32)).sin() * scale)
+        .collect()
 }

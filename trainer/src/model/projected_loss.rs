@@ -185,12 +185,7 @@ mod tests {
     use crate::model::autograd::GradWrite;
     use crate::model::grad_sink::OpenSink;
 
-    /// Deterministic values in [-scale, scale], different for each `seed`.
-    fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i as f32 + 0.5) * (0.37 + seed as f32)).sin() * scale)
-            .collect()
-    }
+    use crate::model::wave as values;
 
     /// The loss and both gradients, by the op with `rows` a block or by generic ops.
     fn loss_and_grads(rows: Option<usize>) -> (f32, Vec<f32>, Vec<f32>) {
