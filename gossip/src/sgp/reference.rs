@@ -21,8 +21,8 @@ pub(crate) fn reference_bytes(len: usize) -> u64 {
     (len as u64) * 2 + (len.div_ceil(REFERENCE_BLOCK) as u64) * 4
 }
 
-/// Adding then subtracting 1.5·2²³ rounds an `f32` of magnitude below 2²² to the nearest
-/// integer, ties to even, in two exact-order operations that vectorize.
+/// Adding 1.5·2²³ rounds an `f32` of magnitude below 2²² to the nearest integer, ties to
+/// even, into the sum's last bits.
 const ROUNDING: f32 = 12_582_912.0;
 
 /// The largest step count.
@@ -80,7 +80,10 @@ impl Reference {
             .zip(steps.chunks_mut(REFERENCE_BLOCK))
             .zip(scales)
         {
-            let largest = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // The largest magnitude, as the largest of the magnitudes' bits (the same
+            // number for finite values, and a maximum of integers vectorizes).
+            let largest_bits = values.iter().map(|v| v.to_bits() & 0x7fff_ffff).max();
+            let largest = f32::from_bits(largest_bits.unwrap_or(0));
             if largest == 0.0 || !largest.is_finite() {
                 *scale = 0.0;
                 steps.fill(0);
@@ -89,8 +92,11 @@ impl Reference {
             *scale = largest / STEPS;
             let inverse = STEPS / largest;
             for (step, &value) in steps.iter_mut().zip(values) {
-                let rounded = (value * inverse + ROUNDING) - ROUNDING;
-                *step = rounded.clamp(-STEPS, STEPS) as i16;
+                // Past 2²³ the float's last bits count whole units: the sum's bits less the
+                // constant's are the rounded step, read with integer operations only.
+                let shifted = (value * inverse + ROUNDING).to_bits() as i32;
+                let rounded = shifted.wrapping_sub(ROUNDING.to_bits() as i32);
+                *step = rounded.clamp(-(STEPS as i32), STEPS as i32) as i16;
             }
         }
     }
@@ -115,7 +121,10 @@ mod tests {
             .zip(back.chunks(REFERENCE_BLOCK))
             .enumerate()
         {
-            let largest = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            // The largest magnitude, as the largest of the magnitudes' bits (the same
+            // number for finite values, and a maximum of integers vectorizes).
+            let largest_bits = values.iter().map(|v| v.to_bits() & 0x7fff_ffff).max();
+            let largest = f32::from_bits(largest_bits.unwrap_or(0));
             for (v, b) in values.iter().zip(back) {
                 assert!(
                     (v - b).abs() <= largest / STEPS * 0.5001,
