@@ -11,7 +11,8 @@
 //! carries it back. It costs at most half a step, 2⁻¹⁶ of the block's largest magnitude,
 //! and the share's codec then quantizes that residue with its own error: with `int8`
 //! another 2⁻⁸ of it, about `f32`'s resolution of the parameters. A `bf16` reference would
-//! have left 2⁻⁹ of each element for the next share, two hundred times as much.
+//! have left up to 2⁻⁹ of each element for the next share: 128 times as much at a block's
+//! largest element.
 
 /// Elements that share one scale.
 pub(crate) const REFERENCE_BLOCK: usize = 64;
