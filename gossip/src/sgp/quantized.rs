@@ -37,7 +37,7 @@ use crate::PeerKey;
 use super::error::SgpError;
 use super::reference::{REFERENCE_BLOCK, Reference};
 use super::share::{FRESH_REFERENCE, ShareHeader};
-use super::state::{F32_BYTES, PushSumState};
+use super::state::{F32_BYTES, PushSumState, f32_from_le};
 
 /// The sender's end of an edge.
 #[derive(Debug)]
@@ -601,9 +601,7 @@ fn reference_from_share(
         let piece = &mut coder.scratch[..end - start];
         let bytes = &payload[start * F32_BYTES..end * F32_BYTES];
         for (r, bytes) in piece.iter_mut().zip(bytes.chunks_exact(F32_BYTES)) {
-            let mut raw = [0u8; F32_BYTES];
-            raw.copy_from_slice(bytes);
-            *r = (f64::from(f32::from_le_bytes(raw)) * inverse) as f32;
+            *r = (f64::from(f32_from_le(bytes)) * inverse) as f32;
         }
         reference.store(start, piece);
     }

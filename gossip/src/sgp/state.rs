@@ -229,7 +229,7 @@ pub(crate) fn check_share_weight(weight: f64) -> Result<(), SgpError> {
 }
 
 /// Reads one little-endian `f32` from a 4-byte chunk.
-fn f32_from_le(bytes: &[u8]) -> f32 {
+pub(crate) fn f32_from_le(bytes: &[u8]) -> f32 {
     let mut raw = [0u8; F32_BYTES];
     raw.copy_from_slice(bytes);
     f32::from_le_bytes(raw)

@@ -13,6 +13,7 @@
 use candle_core::{CpuStorage, CustomOp2, D, Layout, Shape, Tensor};
 
 use super::autograd::softmax_last;
+use super::grad_sink::gemm_parallelism;
 
 /// The attention weights of `q` and `k` (`[rows, heads, t, head_width]` each): row `i` of
 /// each head attends to positions `0..=i`. `mask` is the generic ops' additive causal mask
@@ -66,12 +67,7 @@ impl CustomOp2 for CausalWeights {
         }
         let (q, k) = (values(q, q_layout)?, values(k, k_layout)?);
         let mut weights = vec![0.0f32; rows * heads * t * t];
-        let threads = candle_core::utils::get_num_threads();
-        let parallelism = if threads > 1 {
-            gemm::Parallelism::Rayon(threads)
-        } else {
-            gemm::Parallelism::None
-        };
+        let parallelism = gemm_parallelism();
         let scale = self.scale as f32;
         for ((q, k), out) in q
             .chunks_exact(t * width)

@@ -131,6 +131,14 @@ impl GradSink {
     }
 }
 
+/// The threads a `gemm` call may use: candle's, as its own CPU matrix products use them.
+pub(crate) fn gemm_parallelism() -> gemm::Parallelism {
+    match candle_core::utils::get_num_threads() {
+        threads if threads > 1 => gemm::Parallelism::Rayon(threads),
+        _ => gemm::Parallelism::None,
+    }
+}
+
 /// `sum += scale · aᵀ · b`, with `a` `[rows, m]` and `b` `[rows, n]` row-major and `sum`
 /// `[m, n]`: candle's CPU matrix product (gemm), accumulating in place.
 pub(crate) fn add_transposed_product(
@@ -141,12 +149,7 @@ pub(crate) fn add_transposed_product(
     (m, rows, n): (usize, usize, usize),
 ) {
     assert!(sum.len() == m * n && a.len() == rows * m && b.len() == rows * n);
-    let threads = candle_core::utils::get_num_threads();
-    let parallelism = if threads > 1 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
-    };
+    let parallelism = gemm_parallelism();
     // SAFETY: the three slices hold the elements the strides below reach (checked above):
     // `sum[i·n + j]` for i < m, j < n; `a[p·m + i]` (the transpose's (i, p)) and `b[p·n + j]`
     // for p < rows; `sum` does not overlap the others (it is borrowed mutably).
