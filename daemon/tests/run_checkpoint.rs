@@ -416,3 +416,71 @@ fn a_checkpoint_holds_the_optimizer_state_of_its_step_and_a_restart_loads_it() {
         "the restart did not load the optimizer's state of step 21:\n{log}"
     );
 }
+
+/// Whether `values` are what 8-bit codes of `kind` decode to: coding them again gives them
+/// back bit for bit.
+fn on_code_levels(values: &[f32], kind: murmur_trainer::MomentKind) -> bool {
+    let coded = murmur_trainer::Slot::Codes(murmur_trainer::MomentCodes::from_values(kind, values));
+    coded.to_vec() == values
+}
+
+/// `optimizer.moment_bits = 8` keeps AdamW's moments in 8-bit codes: a checkpoint holds the
+/// values the codes decode to, which code to themselves again, where the same run's moments
+/// kept in `f32` do not; and a restart loads them and trains on.
+#[test]
+fn moment_bits_8_keeps_adams_moments_in_codes_through_checkpoints_and_restarts() {
+    use murmur_trainer::MomentKind;
+    let _serial = exclusive();
+    let swarm = Swarm::create();
+    let run = |bits: u8, steps: u64| {
+        let dir = swarm.add_peer(&format!("bits-{bits}"));
+        let settings = PeerSettings {
+            steps,
+            checkpoint_every_steps: 10,
+            checkpoint_keep: 10,
+            extra: format!("\n[optimizer]\nkind = \"adamw\"\nmoment_bits = {bits}\n"),
+            ..PeerSettings::default()
+        };
+        dir.write_config(&settings);
+        let mut peer = dir.start();
+        let status = peer.wait_exit(RUN_PATIENCE);
+        assert!(status.success(), "the run failed: {status}\n{}", peer.log());
+        let snapshot =
+            decode_checkpoint(&checkpoint_file(&dir, 10).0).unwrap_or_else(|e| panic!("{e}"));
+        let (_, exp_avg) = optimizer_of(&snapshot, "exp_avg");
+        let (_, exp_avg_sq) = optimizer_of(&snapshot, "exp_avg_sq");
+        assert!(
+            exp_avg.iter().any(|&m| m != 0.0),
+            "{bits} bits: no first moment"
+        );
+        (dir, settings, exp_avg, exp_avg_sq)
+    };
+    let (_, _, m32, v32) = run(32, 10);
+    assert!(
+        !on_code_levels(&m32, MomentKind::Signed) && !on_code_levels(&v32, MomentKind::Squared),
+        "f32 moments that happen to lie on the code levels cannot tell the two apart"
+    );
+    let (dir, settings, m8, v8) = run(8, 10);
+    assert!(
+        on_code_levels(&m8, MomentKind::Signed),
+        "the first moment was not coded"
+    );
+    assert!(
+        on_code_levels(&v8, MomentKind::Squared),
+        "the second moment was not coded"
+    );
+
+    dir.write_config(&PeerSettings {
+        steps: 14,
+        ..settings
+    });
+    let mut peer = dir.start();
+    let status = peer.wait_exit(RUN_PATIENCE);
+    let log = peer.log();
+    assert!(status.success(), "the restart failed: {status}\n{log}");
+    assert!(
+        log.lines()
+            .any(|l| l.contains("optimizer state loaded") && l.contains("steps=10")),
+        "the restart did not load the 8-bit state of step 10:\n{log}"
+    );
+}

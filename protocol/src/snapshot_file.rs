@@ -28,7 +28,103 @@ pub struct TensorView<'a> {
     /// The tensor's name, at most 65,535 bytes of UTF-8.
     pub name: &'a str,
     /// Its values, all finite.
-    pub data: &'a [f32],
+    pub data: TensorData<'a>,
+}
+
+impl<'a> TensorView<'a> {
+    /// A tensor whose values are `f32`s in memory.
+    pub fn floats(name: &'a str, values: &'a [f32]) -> TensorView<'a> {
+        TensorView {
+            name,
+            data: TensorData::Floats(values),
+        }
+    }
+}
+
+/// Where a [`TensorView`]'s values come from.
+#[derive(Clone, Copy)]
+pub enum TensorData<'a> {
+    /// `f32`s in memory, as they are.
+    Floats(&'a [f32]),
+    /// Values kept in another form (an optimizer's 8-bit moments), read as `f32`s a run at a
+    /// time while the snapshot is written: the tensor is never held as `f32`s whole.
+    Read(&'a dyn ReadValues),
+}
+
+impl std::fmt::Debug for TensorData<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TensorData::Floats(values) => write!(f, "Floats({} values)", values.len()),
+            TensorData::Read(values) => write!(f, "Read({} values)", values.len()),
+        }
+    }
+}
+
+/// Values a snapshot reads as `f32`s, a run at a time ([`TensorData::Read`]).
+pub trait ReadValues: Sync {
+    /// How many values there are.
+    fn len(&self) -> usize;
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Writes the values from `start` on into `out`, which `start + out.len() <= len()`.
+    fn read_values(&self, start: usize, out: &mut [f32]);
+}
+
+impl TensorData<'_> {
+    /// How many values the tensor has.
+    pub fn len(&self) -> usize {
+        match self {
+            TensorData::Floats(values) => values.len(),
+            TensorData::Read(values) => values.len(),
+        }
+    }
+
+    /// Whether the tensor has no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Calls `each` with the values in order, runs of at most `run` at a time, with the
+    /// index of the run's first value; stops at the first error.
+    fn try_runs<E>(
+        &self,
+        run: usize,
+        mut each: impl FnMut(usize, &[f32]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        match self {
+            TensorData::Floats(values) => {
+                for (i, values) in values.chunks(run).enumerate() {
+                    each(i * run, values)?;
+                }
+            }
+            TensorData::Read(values) => {
+                let mut buffer = vec![0.0f32; run.min(values.len())];
+                let mut start = 0;
+                while start < values.len() {
+                    let part = &mut buffer[..run.min(values.len() - start)];
+                    values.read_values(start, part);
+                    each(start, part)?;
+                    start += part.len();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The values, copied.
+    pub fn to_vec(&self) -> Vec<f32> {
+        let mut out = Vec::with_capacity(self.len());
+        let copied: Result<(), std::convert::Infallible> =
+            self.try_runs(BUFFER / 4, |_, values| {
+                out.extend_from_slice(values);
+                Ok(())
+            });
+        match copied {
+            Ok(()) => out,
+        }
+    }
 }
 
 /// A [`Snapshot`] whose tensors are borrowed, to encode without copying them.
@@ -60,10 +156,7 @@ impl Snapshot {
             tensors: self
                 .tensors
                 .iter()
-                .map(|t| TensorView {
-                    name: &t.name,
-                    data: &t.data,
-                })
+                .map(|t| TensorView::floats(&t.name, &t.data))
                 .collect(),
         }
     }
@@ -168,12 +261,15 @@ impl SnapshotView<'_> {
                     tensor.name.chars().take(16).collect::<String>()
                 )));
             }
-            if let Some(index) = tensor.data.iter().position(|v| !v.is_finite()) {
-                return Err(SnapshotError::NonFinite {
-                    tensor: tensor.name.to_owned(),
-                    index,
-                });
-            }
+            tensor.data.try_runs(BUFFER / 4, |start, values| {
+                match values.iter().position(|v| !v.is_finite()) {
+                    Some(index) => Err(SnapshotError::NonFinite {
+                        tensor: tensor.name.to_owned(),
+                        index: start + index,
+                    }),
+                    None => Ok(()),
+                }
+            })?;
             raw_len += (2 + tensor.name.len() + 8) as u64 + 4 * tensor.data.len() as u64;
         }
         Ok(raw_len)
@@ -194,13 +290,13 @@ impl SnapshotView<'_> {
             out.write_all(&(tensor.name.len() as u16).to_le_bytes())?;
             out.write_all(tensor.name.as_bytes())?;
             out.write_all(&(tensor.data.len() as u64).to_le_bytes())?;
-            for values in tensor.data.chunks(BUFFER / 4) {
+            tensor.data.try_runs(BUFFER / 4, |_, values| {
                 let bytes = &mut buffer[..4 * values.len()];
                 for (b, v) in bytes.chunks_exact_mut(4).zip(values) {
                     b.copy_from_slice(&v.to_le_bytes());
                 }
-                out.write_all(bytes)?;
-            }
+                out.write_all(bytes)
+            })?;
         }
         Ok(())
     }

@@ -201,6 +201,10 @@ pub enum TrainerError {
         /// The buffer's length.
         actual: usize,
     },
+    /// The optimizer's state slots are not in the form its config keeps them in (`f32`
+    /// or 8-bit codes).
+    #[error("the optimizer's state is in the wrong form: {0}")]
+    StateForm(&'static str),
     /// A batch's shape or contents do not fit the model.
     #[error("batch does not fit the model: {reason}")]
     BatchMismatch {

@@ -59,7 +59,7 @@ pub use layout::{Init, ParamLayout, TensorSpec};
 pub use model::{
     Activation, DataShape, Gpt, GptConfig, GptPreset, GradWrite, Mlp, MlpConfig, Model, ModelConfig,
 };
-pub use optim::{Optimizer, OptimizerConfig};
+pub use optim::{MomentCodes, MomentKind, Optimizer, OptimizerConfig, Slot};
 pub use schedule::{LrSchedule, ScheduleConfig};
 pub use task::{Task, TaskConfig, TaskPreset};
 pub use threads::{CANDLE_THREADS_ENV, CPU_THREADS_ENV, cpu_threads, set_cpu_threads};

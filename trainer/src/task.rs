@@ -238,6 +238,7 @@ impl TaskPreset {
                     beta2: 0.99,
                     eps: 1e-8,
                     weight_decay: 0.01,
+                    moment_bits: 32,
                 },
                 schedule: ScheduleConfig {
                     peak_lr: 3e-3,
@@ -273,6 +274,7 @@ impl TaskPreset {
                     beta2: 0.99,
                     eps: 1e-8,
                     weight_decay: 0.01,
+                    moment_bits: 32,
                 },
                 schedule: ScheduleConfig {
                     peak_lr: 1.6e-2,

@@ -1,6 +1,6 @@
 //! Optimizers against hand-computed scalar references; LAMB trust ratios; state handling.
 
-use murmur_trainer::{Init, Optimizer, OptimizerConfig, ParamLayout, TrainerError};
+use murmur_trainer::{Init, Optimizer, OptimizerConfig, ParamLayout, Slot, TrainerError};
 
 fn layout(tensors: &[(&str, usize, bool)]) -> ParamLayout {
     let mut layout = ParamLayout::default();
@@ -31,7 +31,7 @@ fn sgd_nesterov_matches_hand_computation() {
         opt.step(&mut p, &[g], 0.1).unwrap();
         assert!(close(p[0], want, 1e-6), "{} vs {want}", p[0]);
     }
-    assert!(close(opt.slots()[0][0], 1.01, 1e-6));
+    assert!(close(opt.slots()[0].to_vec()[0], 1.01, 1e-6));
     assert_eq!(opt.steps_taken(), 3);
 }
 
@@ -62,6 +62,7 @@ fn adamw_matches_hand_computation() {
         beta2: 0.999,
         eps: 1e-8,
         weight_decay: 0.1,
+        moment_bits: 32,
     };
     let mut opt = Optimizer::new(config, &layout).unwrap();
     let mut p = [1.0f32];
@@ -69,9 +70,9 @@ fn adamw_matches_hand_computation() {
     assert!(close(p[0], 0.89, 1e-6), "{}", p[0]);
     opt.step(&mut p, &[-1.0], 0.1).unwrap();
     assert!(close(p[0], 0.917_710_1, 2e-6), "{}", p[0]);
-    assert!(close(opt.slots()[0][0], -0.055, 1e-7));
+    assert!(close(opt.slots()[0].to_vec()[0], -0.055, 1e-7));
     // (1 − β₂ rounds to 0.00099998713 in f32, hence the looser tolerance.)
-    assert!(close(opt.slots()[1][0], 0.001_249_75, 1e-7));
+    assert!(close(opt.slots()[1].to_vec()[0], 0.001_249_75, 1e-7));
 }
 
 #[test]
@@ -83,6 +84,7 @@ fn adamw_first_step_is_lr_times_sign() {
         beta2: 0.95,
         eps: 1e-12,
         weight_decay: 0.0,
+        moment_bits: 32,
     };
     let mut opt = Optimizer::new(config, &layout).unwrap();
     let mut p = [0.0f32; 3];
@@ -162,6 +164,7 @@ fn state_round_trips_and_rejects_wrong_lengths() {
         beta2: 0.99,
         eps: 1e-8,
         weight_decay: 0.0,
+        moment_bits: 32,
     };
     let mut a = Optimizer::new(config, &layout).unwrap();
     let mut pa = [1.0f32, 2.0];
@@ -170,7 +173,8 @@ fn state_round_trips_and_rejects_wrong_lengths() {
     }
     // A fresh optimizer loaded with a's state continues exactly like a.
     let mut b = Optimizer::new(config, &layout).unwrap();
-    let slots: Vec<&[f32]> = a.slots().iter().map(Vec::as_slice).collect();
+    let values: Vec<Vec<f32>> = a.slots().iter().map(Slot::to_vec).collect();
+    let slots: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
     b.load_state(a.steps_taken(), &slots).unwrap();
     let mut pb = pa;
     a.step(&mut pa, &[0.2, 0.2], 0.05).unwrap();
@@ -208,12 +212,13 @@ fn state_lent_for_each_step_steps_like_state_kept_inside() {
         beta2: 0.99,
         eps: 1e-8,
         weight_decay: 0.1,
+        moment_bits: 32,
     };
     let mut inside = Optimizer::new(config, &layout).unwrap();
     let mut lent = Optimizer::new(config, &layout).unwrap();
-    let mut kept: Vec<Vec<f32>> = vec![Vec::new(); 2];
+    let mut kept: Vec<Slot> = vec![Slot::default(); 2];
     lent.exchange_slots(kept.iter_mut()).unwrap();
-    assert!(lent.slots().iter().all(Vec::is_empty));
+    assert!(lent.slots().iter().all(Slot::is_empty));
     let err = lent.step(&mut [1.0, 2.0], &[0.1, 0.1], 0.05).unwrap_err();
     assert!(matches!(err, TrainerError::BufferLength { .. }));
 
@@ -261,6 +266,14 @@ fn a_step_keeping_its_update_leaves_after_minus_before() {
             beta2: 0.99,
             eps: 1e-8,
             weight_decay: 0.1,
+            moment_bits: 32,
+        },
+        OptimizerConfig::AdamW {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            moment_bits: 8,
         },
         OptimizerConfig::Lamb {
             beta1: 0.9,
@@ -313,4 +326,85 @@ fn hyperparameters_out_of_range_name_their_key() {
     };
     let err = Optimizer::new(bad, &layout).unwrap_err().to_string();
     assert!(err.contains("optimizer.eps"), "{err}");
+    let bad = adamw(16);
+    let err = Optimizer::new(bad, &layout).unwrap_err().to_string();
+    assert!(
+        err.contains("optimizer.moment_bits") && err.contains("8 or 32"),
+        "{err}"
+    );
+}
+
+fn adamw(moment_bits: u8) -> OptimizerConfig {
+    OptimizerConfig::AdamW {
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        moment_bits,
+    }
+}
+
+/// Gradients of a few hundred elements that vary in scale across tensors and steps.
+fn gradient(len: usize, step: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let t = (i * 31 + step * 17) as f32 * 0.13;
+            t.sin() * (1.0 + 3.0 * (i as f32 * 0.01).cos().abs()) * 0.1f32.powi((i % 3) as i32)
+        })
+        .collect()
+}
+
+/// AdamW with its moments in 8 bits steps where AdamW in `f32` does, to within a few
+/// percent of the distance moved, through tensors whose ranges start and end inside the
+/// codes' blocks; and its state, read out as `f32` and loaded into a fresh optimizer, goes
+/// on exactly as the original.
+#[test]
+fn adamw_in_8_bits_follows_adamw_in_32_and_its_state_round_trips() {
+    // 300 + 5 + 500 elements: blocks of 256 straddle every tensor boundary.
+    let layout = layout(&[("w", 300, true), ("b", 5, false), ("u", 500, true)]);
+    let len = layout.len();
+    let mut full = Optimizer::new(adamw(32), &layout).unwrap();
+    let mut coded = Optimizer::new(adamw(8), &layout).unwrap();
+    assert!(coded.slots().iter().all(|s| s.floats().is_none()));
+    // A byte an element and a 4-byte scale for each of the 4 blocks.
+    assert!(coded.slots().iter().all(|s| s.bytes() == len + 4 * 4));
+    let start: Vec<f32> = (0..len).map(|i| (i as f32 * 0.07).cos()).collect();
+    let (mut p_full, mut p_coded) = (start.clone(), start.clone());
+    for step in 0..60 {
+        let grad = gradient(len, step);
+        full.step(&mut p_full, &grad, 1e-2).unwrap();
+        coded.step(&mut p_coded, &grad, 1e-2).unwrap();
+    }
+    let moved: f32 = p_full
+        .iter()
+        .zip(&start)
+        .map(|(a, b)| (a - b).powi(2))
+        .sum();
+    let apart: f32 = p_full
+        .iter()
+        .zip(&p_coded)
+        .map(|(a, b)| (a - b).powi(2))
+        .sum();
+    let ratio = (apart / moved).sqrt();
+    assert!(
+        ratio < 0.05,
+        "8-bit moments went {ratio:.4} of the distance apart"
+    );
+    assert!(ratio > 0.0, "the 8-bit moments changed nothing");
+
+    let values: Vec<Vec<f32>> = coded.slots().iter().map(Slot::to_vec).collect();
+    let slots: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
+    let mut loaded = Optimizer::new(adamw(8), &layout).unwrap();
+    loaded.load_state(coded.steps_taken(), &slots).unwrap();
+    assert_eq!(loaded.slots(), coded.slots());
+    let fresh = Optimizer::new(adamw(8), &layout).unwrap();
+    assert_eq!(
+        fresh.slot_from_values(1, values[1].clone()),
+        coded.slots()[1]
+    );
+    let mut p_loaded = p_coded.clone();
+    let grad = gradient(len, 99);
+    coded.step(&mut p_coded, &grad, 1e-2).unwrap();
+    loaded.step(&mut p_loaded, &grad, 1e-2).unwrap();
+    assert_eq!(p_coded, p_loaded);
 }

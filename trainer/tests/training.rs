@@ -60,6 +60,7 @@ fn gpt_learns_a_markov_chain() {
             beta2: 0.99,
             eps: 1e-8,
             weight_decay: 0.0,
+            moment_bits: 32,
         },
         schedule: ScheduleConfig {
             peak_lr: 1e-2,

@@ -149,18 +149,9 @@ impl State {
             swarm_id: "bench",
             model_fingerprint: [0; 32],
             tensors: vec![
-                TensorView {
-                    name: "params",
-                    data: &self.params,
-                },
-                TensorView {
-                    name: "optimizer.slot.m",
-                    data: &self.m,
-                },
-                TensorView {
-                    name: "optimizer.slot.v",
-                    data: &self.v,
-                },
+                TensorView::floats("params", &self.params),
+                TensorView::floats("optimizer.slot.m", &self.m),
+                TensorView::floats("optimizer.slot.v", &self.v),
             ],
         }
     }

@@ -62,10 +62,7 @@ async fn measure(args: &StateSyncBenchArgs, folder: &Path) -> anyhow::Result<()>
         push_sum_weight: 1.0,
         swarm_id: "bench",
         model_fingerprint: [0; 32],
-        tensors: vec![TensorView {
-            name: "params",
-            data: &params,
-        }],
+        tensors: vec![TensorView::floats("params", &params)],
     };
     let cell = StateCell::in_dir(folder.join("served"));
     cell.publish(&view)?;

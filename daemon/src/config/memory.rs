@@ -4,8 +4,9 @@
 //!
 //! The estimate is deliberately generous; it counts
 //! - the training state: [`STATE_COPIES`] copies of the parameters (the parameters and
-//!   their gradient, in the trainer and in candle's graph; up to two optimizer slots; the
-//!   copy of the parameters a checkpoint is written from);
+//!   their gradient, in the trainer and in candle's graph; the copy of the parameters a
+//!   checkpoint is written from) and the optimizer's slots, at the bytes a parameter each
+//!   keeps (4 in `f32`, a little over 1 for AdamW's moments in 8 bits);
 //! - the averaging mode's buffers: [`averaging_copies`] more copies (push-sum numerators,
 //!   one pair of edge references and shares in flight for SGP; a round's vectors for the
 //!   others), from peak memory measured per mode and rounded up, and for SGP with a lossy
@@ -25,8 +26,9 @@ use murmur_gossip::sgp::SgpConfig;
 use murmur_protocol::message::AveragingMode;
 use murmur_trainer::{DataShape, ModelConfig, TaskConfig};
 
-/// Copies of the parameter vector a running peer's trainer may hold at once.
-pub(crate) const STATE_COPIES: u64 = 10;
+/// Copies of the parameter vector a running peer's trainer may hold at once, besides its
+/// optimizer's state.
+pub(crate) const STATE_COPIES: u64 = 8;
 
 /// Copies of the parameter vector the averaging of `mode` holds at its peak, beyond the
 /// trainer's. Measured as the peak resident memory of two peers in that mode above one
@@ -55,7 +57,8 @@ const F32: u64 = 4;
 pub(crate) struct MemoryEstimate {
     /// Model parameters.
     pub(crate) params: u64,
-    /// Bytes of the training state ([`STATE_COPIES`] copies of the parameters).
+    /// Bytes of the training state ([`STATE_COPIES`] copies of the parameters and the
+    /// optimizer's slots).
     pub(crate) state_bytes: u64,
     /// The averaging mode.
     pub(crate) mode: AveragingMode,
@@ -159,7 +162,9 @@ pub(crate) fn estimate(
     };
     MemoryEstimate {
         params,
-        state_bytes: params.saturating_mul(STATE_COPIES * F32),
+        state_bytes: params
+            .saturating_mul(STATE_COPIES * F32)
+            .saturating_add((params as f64 * task.optimizer.state_bytes_per_param()) as u64),
         mode,
         averaging_bytes: params
             .saturating_mul(averaging_copies(mode) * F32)
@@ -270,6 +275,27 @@ mod tests {
             "{quarter}"
         );
         assert!(available_bytes().is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    fn adams_moments_in_8_bits_count_a_quarter_of_their_f32_bytes() {
+        use murmur_trainer::OptimizerConfig;
+        let mut task = TaskPreset::default_local();
+        let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
+        let params = 1_000_000;
+        let adamw = |moment_bits| OptimizerConfig::AdamW {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            moment_bits,
+        };
+        task.optimizer = adamw(32);
+        let full = estimate(&task, shape, params, 1, AveragingMode::Solo, None);
+        task.optimizer = adamw(8);
+        let coded = estimate(&task, shape, params, 1, AveragingMode::Solo, None);
+        // 8 bytes a parameter against 2 and two scales per 256.
+        assert_eq!(full.state_bytes - coded.state_bytes, 6 * 1_000_000 - 31_250);
     }
 
     /// Peak resident memory measured per peer (`murmur local --json`, release, 10 steps)

@@ -21,6 +21,7 @@ use murmur_protocol::snapshot_file::{SnapshotView, TensorView};
 use super::worker::{OptimizerState, SharedOptimizer};
 use crate::checkpoint::{CheckpointStore, SetAside};
 use crate::observe::Metrics;
+use murmur_trainer::Slot;
 
 /// Snapshot tensor holding the optimizer's step count.
 const STEPS_TENSOR: &str = "optimizer.steps_taken";
@@ -181,18 +182,16 @@ fn state_view<'a>(
     steps: &'a [f32; 2],
     names: &'a [String],
 ) -> SnapshotView<'a> {
-    let mut tensors = vec![TensorView {
-        name: "params",
-        data: params,
-    }];
+    let mut tensors = vec![TensorView::floats("params", params)];
     if let Some(optimizer) = optimizer.filter(|o| !o.slots.is_empty()) {
-        tensors.push(TensorView {
-            name: STEPS_TENSOR,
-            data: steps,
-        });
-        for (name, (_, values)) in names.iter().zip(&optimizer.slots) {
-            let values: &[f32] = values;
-            tensors.push(TensorView { name, data: values });
+        tensors.push(TensorView::floats(STEPS_TENSOR, steps));
+        // 8-bit moments are written decoded, as `f32`s, a run at a time: a snapshot's
+        // format does not depend on how a peer keeps its optimizer's state.
+        for (name, (_, slot)) in names.iter().zip(&optimizer.slots) {
+            tensors.push(TensorView {
+                name,
+                data: slot.data(),
+            });
         }
     }
     SnapshotView {
@@ -238,9 +237,10 @@ pub(crate) fn optimizer_of(snapshot: &mut Snapshot) -> Option<OptimizerState> {
         .tensors
         .iter_mut()
         .filter_map(|t| {
-            t.name
-                .strip_prefix(OPTIMIZER_PREFIX)
-                .map(|name| (name.to_owned(), Arc::new(std::mem::take(&mut t.data))))
+            t.name.strip_prefix(OPTIMIZER_PREFIX).map(|name| {
+                let values = std::mem::take(&mut t.data);
+                (name.to_owned(), Arc::new(Slot::Floats(values)))
+            })
         })
         .collect();
     Some(OptimizerState { steps_taken, slots })
@@ -266,7 +266,7 @@ mod tests {
     fn a_state_view_tried_while_the_optimizer_is_held_is_skipped() {
         let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
             steps_taken: 4,
-            slots: vec![("m".into(), Arc::new(vec![0.25; 8]))],
+            slots: vec![("m".into(), Arc::new(Slot::Floats(vec![0.25; 8])))],
         }));
         let params = [1.0_f32; 8];
         let tensors = |view: &SnapshotView<'_>| view.tensors.len();
@@ -291,7 +291,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
             steps_taken: 10,
-            slots: vec![("m".into(), Arc::new(vec![0.5; 64]))],
+            slots: vec![("m".into(), Arc::new(Slot::Floats(vec![0.5; 64])))],
         }));
         let target = CheckpointTarget {
             dir: dir.path().to_owned(),
@@ -305,7 +305,7 @@ mod tests {
         {
             let mut state = optimizer.try_lock().expect("the checkpoint holds the lock");
             state.steps_taken = 11;
-            Arc::make_mut(&mut state.slots[0].1).fill(9.0);
+            *Arc::make_mut(&mut state.slots[0].1) = Slot::Floats(vec![9.0; 64]);
         }
         writer.wait();
         let store = CheckpointStore::open(dir.path(), 3).unwrap();
@@ -326,7 +326,7 @@ mod tests {
         let state = optimizer.lock().unwrap();
         assert_eq!(
             *state.slots[0].1,
-            vec![9.0; 64],
+            Slot::Floats(vec![9.0; 64]),
             "the trainer's step was lost"
         );
         assert_eq!(
@@ -342,5 +342,38 @@ mod tests {
         let (path, snapshot) = store.latest_valid().unwrap().found.expect("written");
         assert_eq!(snapshot.step, 20, "{}", path.display());
         assert_eq!(snapshot.tensors[0].data, vec![2.0; 64]);
+    }
+
+    /// Moments kept in 8 bits are written as the `f32`s they decode to, and read back into
+    /// the same codes: a checkpoint's format does not depend on how its writer kept them.
+    #[test]
+    fn a_checkpoint_writes_8_bit_moments_as_the_floats_they_decode_to() {
+        use murmur_trainer::{MomentCodes, MomentKind};
+        let values: Vec<f32> = (0..700).map(|i| (i as f32 * 0.3).sin() * 1e-3).collect();
+        let codes = MomentCodes::from_values(MomentKind::Signed, &values);
+        let slot = Slot::Codes(codes.clone());
+        let decoded = slot.to_vec();
+        assert_ne!(decoded, values, "the codes round");
+        let optimizer: SharedOptimizer = Arc::new(Mutex::new(OptimizerState {
+            steps_taken: 3,
+            slots: vec![("exp_avg".into(), Arc::new(slot))],
+        }));
+        let dir = tempfile::tempdir().unwrap();
+        let target = CheckpointTarget {
+            dir: dir.path().to_owned(),
+            keep: 1,
+            optimizer,
+            metrics: Metrics::disabled(),
+        };
+        write(&target, &meta(3), &[1.0; 700]).unwrap();
+        let store = CheckpointStore::open(dir.path(), 1).unwrap();
+        let (_, mut snapshot) = store.latest_valid().unwrap().found.expect("written");
+        let loaded = optimizer_of(&mut snapshot).expect("the optimizer's state");
+        assert_eq!(loaded.steps_taken, 3);
+        let Slot::Floats(read) = &*loaded.slots[0].1 else {
+            panic!("a snapshot holds f32s")
+        };
+        assert_eq!(read, &decoded);
+        assert_eq!(MomentCodes::from_values(MomentKind::Signed, read), codes);
     }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use murmur_gossip::engine::{Work, WorkDone};
-use murmur_trainer::{Batch, DataShape, Optimizer, Task};
+use murmur_trainer::{Batch, DataShape, Optimizer, Slot, Task};
 
 use super::device::DeviceWatch;
 use super::fault::Fault;
@@ -33,7 +33,7 @@ pub(crate) enum Job {
 pub(crate) struct OptimizerState {
     pub(crate) steps_taken: u64,
     /// Slot name and values, in the optimizer's order.
-    pub(crate) slots: Vec<(String, Arc<Vec<f32>>)>,
+    pub(crate) slots: Vec<(String, Arc<Slot>)>,
 }
 
 /// The optimizer's state, one copy of it (at GPT-2 small's size AdamW's two moments are
@@ -310,9 +310,22 @@ impl WorkerState {
                     );
                 }
                 // The loaded vectors become the state: no copy of a state several times
-                // the model's size.
+                // the model's size. Moments kept in 8 bits are coded from them, one slot at
+                // a time.
+                let slots = state
+                    .slots
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, (name, slot))| {
+                        let slot = match Arc::unwrap_or_clone(slot) {
+                            Slot::Floats(values) => optimizer.slot_from_values(index, values),
+                            coded => coded,
+                        };
+                        (name, Arc::new(slot))
+                    })
+                    .collect();
                 let mut shared = lock(&self.shared);
-                shared.slots = state.slots;
+                shared.slots = slots;
                 shared.steps_taken = state.steps_taken;
                 optimizer.set_steps_taken(state.steps_taken);
                 Ok(Done::OptimizerLoaded)

@@ -1,7 +1,9 @@
 //! AdamW: Adam with decoupled weight decay (Loshchilov and Hutter, ICLR 2019), in the form
 //! PyTorch's `AdamW` computes it.
 
+use super::Group;
 use super::grads::GradSlots;
+use super::moment_codes::{BLOCK, Coder, MomentCodes};
 
 /// Bias corrections `1 − β₁ᵗ` and `1 − β₂ᵗ` for step `t` (1-based).
 pub(crate) fn bias_corrections(beta1: f32, beta2: f32, t: u64) -> (f32, f32) {
@@ -50,5 +52,48 @@ pub(crate) fn step(
         let before = params[i];
         params[i] = before * decay - step_size * m[i] / denom;
         grad.moved(i, before, params[i]);
+    }
+}
+
+/// [`step`] over the whole vector with the moments in 8-bit codes, a block at a time: each
+/// block's moments are decoded, stepped with each tensor's hyperparameters (`step_of` its
+/// group) and coded again.
+pub(crate) fn step_coded(
+    params: &mut [f32],
+    mut grad: impl GradSlots,
+    m: &mut MomentCodes,
+    v: &mut MomentCodes,
+    groups: &[Group],
+    step_of: impl Fn(&Group) -> AdamStep,
+) {
+    let n = params.len();
+    assert!(grad.len() == n && m.len() == n && v.len() == n);
+    let (m_coder, v_coder) = (Coder::new(m.kind()), Coder::new(v.kind()));
+    let (mut m_block, mut v_block) = ([0.0; BLOCK], [0.0; BLOCK]);
+    let mut group = 0;
+    for block in 0..m.blocks() {
+        let start = block * BLOCK;
+        let end = (start + BLOCK).min(n);
+        let (m_values, v_values) = (&mut m_block[..end - start], &mut v_block[..end - start]);
+        m_coder.load(m, block, m_values);
+        v_coder.load(v, block, v_values);
+        let mut at = start;
+        while at < end {
+            while groups[group].range.end <= at {
+                group += 1;
+            }
+            let to = groups[group].range.end.min(end);
+            let within = at - start..to - start;
+            step(
+                &mut params[at..to],
+                grad.part(at..to),
+                &mut m_values[within.clone()],
+                &mut v_values[within],
+                step_of(&groups[group]),
+            );
+            at = to;
+        }
+        m_coder.store(m, block, m_values);
+        v_coder.store(v, block, v_values);
     }
 }

@@ -1,19 +1,24 @@
 //! Optimizers over the flat parameter vector, without candle.
 //!
-//! The state (momentum, moment estimates) lives in flat `Vec<f32>` slots the same length as
-//! the parameters, so the daemon can checkpoint it, average it or hand it to a joining peer
-//! like any other buffer. A step allocates nothing.
+//! The state (momentum, moment estimates) lives in flat slots the same length as the
+//! parameters, so the daemon can checkpoint it or hand it to a joining peer like any other
+//! buffer: `f32` vectors, or AdamW's moments in 8-bit codes ([`MomentCodes`]) when
+//! `moment_bits = 8`. A step allocates nothing.
 
 mod adamw;
 mod grads;
 mod lamb;
+mod moment_codes;
 mod sgd;
+mod slot;
 
 use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
 use self::grads::{GradSlots, KeepUpdate};
+pub use self::moment_codes::{MomentCodes, MomentKind};
+pub use self::slot::Slot;
 use crate::error::{ConfigError, TrainerError};
 use crate::layout::ParamLayout;
 
@@ -34,6 +39,9 @@ fn default_lamb_eps() -> f32 {
 }
 fn default_adamw_decay() -> f32 {
     0.01
+}
+fn default_moment_bits() -> u8 {
+    32
 }
 
 /// The `[optimizer]` section.
@@ -65,6 +73,10 @@ pub enum OptimizerConfig {
         /// Decoupled weight decay λ, in `[0, 1]`.
         #[serde(default = "default_adamw_decay")]
         weight_decay: f32,
+        /// Bits an element of each moment is kept in: 32 (`f32`), or 8 (block-wise codes,
+        /// [`MomentCodes`]: a quarter of the memory).
+        #[serde(default = "default_moment_bits")]
+        moment_bits: u8,
     },
     /// LAMB (per-tensor trust ratios).
     #[serde(rename = "lamb")]
@@ -120,6 +132,7 @@ impl OptimizerConfig {
                 beta2,
                 eps,
                 weight_decay,
+                ..
             }
             | OptimizerConfig::Lamb {
                 beta1,
@@ -127,6 +140,16 @@ impl OptimizerConfig {
                 eps,
                 weight_decay,
             } => {
+                if let OptimizerConfig::AdamW { moment_bits, .. } = *self
+                    && moment_bits != 8
+                    && moment_bits != 32
+                {
+                    return Err(ConfigError::out_of_range(
+                        "optimizer.moment_bits",
+                        moment_bits,
+                        "8 or 32",
+                    ));
+                }
                 check("beta1", beta1, 0.0, 1.0, false)?;
                 check("beta2", beta2, 0.0, 1.0, false)?;
                 check("eps", eps, f32::MIN_POSITIVE, 1.0, true)?;
@@ -144,6 +167,28 @@ impl OptimizerConfig {
             }
         }
     }
+
+    /// How each slot is coded: `None` for `f32`.
+    fn slot_kinds(&self) -> &'static [Option<MomentKind>] {
+        match self {
+            OptimizerConfig::AdamW { moment_bits: 8, .. } => {
+                &[Some(MomentKind::Signed), Some(MomentKind::Squared)]
+            }
+            OptimizerConfig::AdamW { .. } | OptimizerConfig::Lamb { .. } => &[None, None],
+            OptimizerConfig::SgdNesterov { .. } => &[None],
+        }
+    }
+
+    /// Bytes the state keeps per parameter: 4 a slot in `f32`, a little over 1 in codes.
+    pub fn state_bytes_per_param(&self) -> f64 {
+        self.slot_kinds()
+            .iter()
+            .map(|kind| match kind {
+                None => 4.0,
+                Some(_) => 1.0 + 4.0 / moment_codes::BLOCK as f64,
+            })
+            .sum()
+    }
 }
 
 /// One tensor's range and whether weight decay applies to it.
@@ -158,7 +203,7 @@ struct Group {
 pub struct Optimizer {
     config: OptimizerConfig,
     groups: Vec<Group>,
-    slots: Vec<Vec<f32>>,
+    slots: Vec<Slot>,
     steps: u64,
     trust_ratios: Vec<f32>,
 }
@@ -176,9 +221,9 @@ impl Optimizer {
             })
             .collect();
         let slots = config
-            .slot_names()
+            .slot_kinds()
             .iter()
-            .map(|_| vec![0.0; layout.len()])
+            .map(|&kind| Slot::zeros(kind, layout.len()))
             .collect();
         let trust_ratios = match config {
             OptimizerConfig::Lamb { .. } => vec![1.0; groups.len()],
@@ -221,7 +266,7 @@ impl Optimizer {
         mut grad: impl GradSlots,
         lr: f32,
     ) -> Result<(), TrainerError> {
-        let n = self.slots.first().map_or(0, Vec::len);
+        let n = self.slots.first().map_or(0, Slot::len);
         TrainerError::check_len("params", n, params.len())?;
         TrainerError::check_len("grad", n, grad.len())?;
         self.steps += 1;
@@ -230,8 +275,8 @@ impl Optimizer {
                 momentum,
                 weight_decay,
             } => {
-                let [buf] = self.slots.as_mut_slice() else {
-                    unreachable!("SGD keeps exactly one slot (built in `new`)")
+                let [Slot::Floats(buf)] = self.slots.as_mut_slice() else {
+                    return Err(TrainerError::StateForm("SGD keeps one f32 slot"));
                 };
                 for g in &self.groups {
                     let wd = if g.decay { weight_decay } else { 0.0 };
@@ -251,6 +296,7 @@ impl Optimizer {
                 beta2,
                 eps,
                 weight_decay,
+                ..
             }
             | OptimizerConfig::Lamb {
                 beta1,
@@ -259,20 +305,30 @@ impl Optimizer {
                 weight_decay,
             } => {
                 let lamb = matches!(self.config, OptimizerConfig::Lamb { .. });
-                let [m, v] = self.slots.as_mut_slice() else {
-                    unreachable!("Adam-style optimizers keep exactly two slots (built in `new`)")
-                };
                 let (bc1, bc2) = adamw::bias_corrections(beta1, beta2, self.steps);
+                let step_of = |g: &Group| adamw::AdamStep {
+                    lr,
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay: if g.decay { weight_decay } else { 0.0 },
+                    bc1,
+                    bc2,
+                };
+                let (m, v) = match self.slots.as_mut_slice() {
+                    [Slot::Floats(m), Slot::Floats(v)] => (m, v),
+                    [Slot::Codes(m), Slot::Codes(v)] if !lamb => {
+                        adamw::step_coded(params, grad, m, v, &self.groups, step_of);
+                        return Ok(());
+                    }
+                    _ => {
+                        return Err(TrainerError::StateForm(
+                            "Adam's moments are two slots, both f32 or both coded (AdamW only)",
+                        ));
+                    }
+                };
                 for (i, g) in self.groups.iter().enumerate() {
-                    let s = adamw::AdamStep {
-                        lr,
-                        beta1,
-                        beta2,
-                        eps,
-                        weight_decay: if g.decay { weight_decay } else { 0.0 },
-                        bc1,
-                        bc2,
-                    };
+                    let s = step_of(g);
                     let r = g.range.clone();
                     let (p, gr) = (&mut params[r.clone()], grad.part(r.clone()));
                     let (m, v) = (&mut m[r.clone()], &mut v[r]);
@@ -298,13 +354,17 @@ impl Optimizer {
     }
 
     /// The state slots, each a flat vector laid out like the parameters.
-    pub fn slots(&self) -> &[Vec<f32>] {
+    pub fn slots(&self) -> &[Slot] {
         &self.slots
     }
 
-    /// One state slot, writable (e.g. to average it with peers').
-    pub fn slot_mut(&mut self, index: usize) -> Option<&mut [f32]> {
-        self.slots.get_mut(index).map(Vec::as_mut_slice)
+    /// `values` for slot `index` (from a checkpoint or a peer, in `f32`), in the form this
+    /// optimizer keeps that slot in: coded when its moments are 8-bit.
+    pub fn slot_from_values(&self, index: usize, values: Vec<f32>) -> Slot {
+        match self.slots.get(index) {
+            Some(own) => Slot::shaped_like(own, values),
+            None => Slot::Floats(values),
+        }
     }
 
     /// The trust ratio each tensor used in the last LAMB step (empty for other optimizers).
@@ -315,9 +375,12 @@ impl Optimizer {
     /// Swaps the state slots with `others`, one vector each, in [`Optimizer::slots`]'s order:
     /// a caller can keep the state between steps and lend it to the optimizer for a step,
     /// without a copy. Nothing changes when the counts differ.
+    ///
+    /// A slot lent in another form than this optimizer keeps (`f32` for 8-bit, say) fails
+    /// its next step.
     pub fn exchange_slots<'a>(
         &mut self,
-        others: impl ExactSizeIterator<Item = &'a mut Vec<f32>>,
+        others: impl ExactSizeIterator<Item = &'a mut Slot>,
     ) -> Result<(), TrainerError> {
         TrainerError::check_len("optimizer slots", self.slots.len(), others.len())?;
         for (own, other) in self.slots.iter_mut().zip(others) {
@@ -339,7 +402,7 @@ impl Optimizer {
             TrainerError::check_len("optimizer slot", own.len(), new.len())?;
         }
         for (own, new) in self.slots.iter_mut().zip(slots) {
-            own.copy_from_slice(new);
+            own.assign(new);
         }
         self.steps = steps_taken;
         Ok(())

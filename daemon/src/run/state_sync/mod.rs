@@ -333,10 +333,9 @@ mod tests {
             push_sum_weight: 1.0,
             swarm_id: "s",
             model_fingerprint: [7; 32],
-            tensors: vec![murmur_protocol::snapshot_file::TensorView {
-                name: "params",
-                data: params,
-            }],
+            tensors: vec![murmur_protocol::snapshot_file::TensorView::floats(
+                "params", params,
+            )],
         }
     }
 
