@@ -52,7 +52,7 @@ fn settings(
         synthetic_step: c.training.synthetic_step,
         min_peers: c.training.min_peers,
         start_timeout: c.training.start_timeout,
-        micro_batches: c.training.micro_batches,
+        passes: c.training.passes,
         checkpoint_dir: c.checkpoint.dir,
         checkpoint_every: c.checkpoint.every_steps,
         checkpoint_keep: c.checkpoint.keep,

@@ -268,14 +268,12 @@ fn summary(loaded: &LoadedConfig) -> String {
             model_kind(loaded)
         ),
     };
-    let model = match config::memory_estimate(
-        &loaded.task,
-        loaded.training.micro_batches,
-        &loaded.averaging.mode,
-    ) {
-        Some(estimate) => format!("{model}, which needs {estimate}"),
-        None => model,
-    };
+    let model =
+        match config::memory_estimate(&loaded.task, loaded.training.passes, &loaded.averaging.mode)
+        {
+            Some(estimate) => format!("{model}, which needs {estimate}"),
+            None => model,
+        };
     let model = match config::param_count(&loaded.task).and_then(|count| {
         config::frames::largest_frame_of(&loaded.averaging.mode, loaded.averaging.codec, count)
     }) {

@@ -375,6 +375,48 @@ fn micro_batches_lower_a_peers_peak_memory() {
     }
 }
 
+/// `training.recompute_activations` keeps each GPT block's input through a pass and
+/// computes the block again in the backward pass: a peer of eight blocks taking a batch of
+/// 256 sequences whole peaks at clearly less memory than one keeping every block's
+/// activations, and trains to the same eval loss (its gradient is the same up to rounding).
+#[test]
+fn recompute_activations_lowers_a_gpt_peers_peak_memory_and_trains_the_same() {
+    let run = [
+        "--peers",
+        "1",
+        "--steps",
+        "2",
+        "--mode",
+        "none",
+        "--set",
+        "model.layers=8",
+        "--set",
+        "data.batch_size=256",
+        "--set",
+        "data.eval_samples=64",
+    ];
+    let kept = local_summary(&run);
+    let again =
+        local_summary(&[&run[..], &["--set", "training.recompute_activations=true"]].concat());
+    let peer = |s: &serde_json::Value, key: &str| s["peer_results"][0][key].as_f64().unwrap();
+    let (peak_kept, peak_again) = (
+        peer(&kept, "peak_rss_bytes"),
+        peer(&again, "peak_rss_bytes"),
+    );
+    assert!(
+        peak_again < 0.7 * peak_kept,
+        "peak RSS {peak_again} computing blocks again, {peak_kept} keeping their activations"
+    );
+    let (loss_kept, loss_again) = (
+        peer(&kept, "final_eval_loss"),
+        peer(&again, "final_eval_loss"),
+    );
+    assert!(
+        (loss_again - loss_kept).abs() < 1e-3 * loss_kept,
+        "eval loss {loss_again} computing blocks again, {loss_kept} keeping their activations"
+    );
+}
+
 /// `--set-peer` reaches one peer's config only: with peer 0's SGP out-degree at 2 it pushes
 /// two shares a step and sends more than 1.4 times the others' mean (at most twice, as the
 /// edges' windows allow), and every peer says where it trained.

@@ -85,8 +85,9 @@ fn mlp_gradient_matches_finite_differences() {
     }
 }
 
-#[test]
-fn gpt_gradient_matches_finite_differences() {
+/// A two-layer GPT with parameters where the gradient check is well conditioned, and a
+/// batch of three sequences of five tokens.
+fn small_gpt() -> (Model, Vec<f32>, Batch) {
     let config = ModelConfig::Gpt(GptConfig {
         layers: 2,
         heads: 2,
@@ -95,7 +96,7 @@ fn gpt_gradient_matches_finite_differences() {
         vocab: None,
         mlp_ratio: 2,
     });
-    let mut model = Model::new(
+    let model = Model::new(
         &config,
         DataShape::Tokens {
             vocab: 7,
@@ -122,7 +123,57 @@ fn gpt_gradient_matches_finite_differences() {
         targets: targets.to_vec(),
         rows: 3,
     };
+    (model, params, batch)
+}
+
+#[test]
+fn gpt_gradient_matches_finite_differences() {
+    let (mut model, params, batch) = small_gpt();
     check_gradient(&mut model, &params, &batch);
+}
+
+#[test]
+fn gpt_gradient_computed_again_block_by_block_matches_finite_differences() {
+    let (mut model, params, batch) = small_gpt();
+    model.set_recompute_activations(true);
+    check_gradient(&mut model, &params, &batch);
+}
+
+/// Computing each block again in the backward pass gives the gradient the whole graph
+/// gives, to float rounding, written over or added into the buffer alike.
+#[test]
+fn recomputed_blocks_give_the_whole_graphs_gradient() {
+    use murmur_trainer::GradWrite;
+    let (mut model, params, batch) = small_gpt();
+    let len = params.len();
+    let mut whole = vec![0.0; len];
+    let loss = model.loss_and_grad(&params, &batch, &mut whole).unwrap();
+    model.set_recompute_activations(true);
+    let mut again = vec![f32::NAN; len];
+    let loss_again = model.loss_and_grad(&params, &batch, &mut again).unwrap();
+    assert_eq!(loss, loss_again);
+    let worst = whole
+        .iter()
+        .zip(&again)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    let largest = whole.iter().fold(0.0f32, |m, g| m.max(g.abs()));
+    assert!(
+        worst <= 1e-5 * largest,
+        "off by {worst} (largest {largest})"
+    );
+    // Added into a buffer with a scale, as a second micro-batch is.
+    let mut added = whole.clone();
+    model
+        .loss_and_grad_into(&params, &batch, &mut added, GradWrite::Add { scale: 0.5 })
+        .unwrap();
+    for (i, (&a, &w)) in added.iter().zip(&whole).enumerate() {
+        assert!(
+            (a - 1.5 * w).abs() <= 1e-5 * largest,
+            "element {i}: {a} vs {}",
+            1.5 * w
+        );
+    }
 }
 
 #[test]

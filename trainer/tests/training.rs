@@ -32,9 +32,10 @@ fn train(config: &TaskConfig, steps: u64) -> (f32, f32, f32) {
     (initial, last, task.dataset.loss_floor().unwrap())
 }
 
-#[test]
-fn gpt_learns_a_markov_chain() {
-    let config = TaskConfig {
+/// A one-layer GPT on an 8-state Markov chain, with AdamW keeping its moments in
+/// `moment_bits`.
+fn markov_gpt(moment_bits: u8) -> TaskConfig {
+    TaskConfig {
         model: ModelConfig::Gpt(GptConfig {
             layers: 1,
             heads: 2,
@@ -60,7 +61,7 @@ fn gpt_learns_a_markov_chain() {
             beta2: 0.99,
             eps: 1e-8,
             weight_decay: 0.0,
-            moment_bits: 32,
+            moment_bits,
         },
         schedule: ScheduleConfig {
             peak_lr: 1e-2,
@@ -69,11 +70,30 @@ fn gpt_learns_a_markov_chain() {
             min_lr_ratio: 0.1,
             reference_batch: None,
         },
-    };
-    let (initial, last, floor) = train(&config, 150);
+    }
+}
+
+#[test]
+fn gpt_learns_a_markov_chain() {
+    let (initial, last, floor) = train(&markov_gpt(32), 150);
     assert!(floor < initial, "floor {floor} vs initial {initial}");
     let progress = (initial - last) / (initial - floor);
     assert!(progress > 0.5, "eval {initial} → {last}, floor {floor}");
+}
+
+/// The same run with AdamW's moments in 8-bit codes closes as much of the gap to the
+/// chain's entropy rate as with them in `f32`, give or take 5 % of it.
+#[test]
+fn adamw_with_8_bit_moments_learns_as_far_as_with_32() {
+    let (initial, full, floor) = train(&markov_gpt(32), 150);
+    let (_, coded, _) = train(&markov_gpt(8), 150);
+    let gap = initial - floor;
+    let (full_progress, coded_progress) = ((initial - full) / gap, (initial - coded) / gap);
+    assert!(
+        (coded_progress - full_progress).abs() < 0.05,
+        "eval {initial} → {full} with f32 moments, → {coded} with 8-bit ones; floor {floor}"
+    );
+    assert_ne!(full, coded, "the 8-bit moments changed nothing");
 }
 
 #[test]

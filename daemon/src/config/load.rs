@@ -154,7 +154,10 @@ impl ConfigFile {
             synthetic_step: Duration::from_millis(config.training.synthetic_step_ms),
             min_peers: config.training.min_peers,
             start_timeout: Duration::from_millis(config.training.start_timeout_ms),
-            micro_batches: config.training.micro_batches,
+            passes: super::memory::Passes {
+                micro_batches: config.training.micro_batches,
+                recompute_activations: config.training.recompute_activations,
+            },
         };
         let averaging = Averaging {
             mode: mode_settings(&config.averaging, sgp),

@@ -49,6 +49,27 @@ pub(crate) fn averaging_copies(mode: AveragingMode) -> u64 {
     }
 }
 
+/// How a step's batch goes through the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Passes {
+    /// Passes the batch is cut into (gradient accumulation).
+    pub(crate) micro_batches: usize,
+    /// Whether a GPT pass keeps only each block's input and computes the block again in
+    /// the backward pass (`training.recompute_activations`).
+    pub(crate) recompute_activations: bool,
+}
+
+impl Passes {
+    /// One pass a step, every activation kept.
+    #[cfg(test)]
+    pub(crate) fn whole(micro_batches: usize) -> Passes {
+        Passes {
+            micro_batches,
+            recompute_activations: false,
+        }
+    }
+}
+
 /// Bytes of one `f32`.
 const F32: u64 = 4;
 
@@ -120,13 +141,13 @@ impl fmt::Display for Bytes {
 }
 
 /// The estimate for `task` with `params` parameters on data of `shape`, each step's batch
-/// cut into `micro_batches` passes, averaged in `mode` (with the settings `sgp` when that is
-/// `sgp`).
+/// going through the model as `passes` says, averaged in `mode` (with the settings `sgp`
+/// when that is `sgp`).
 pub(crate) fn estimate(
     task: &TaskConfig,
     shape: DataShape,
     params: usize,
-    micro_batches: usize,
+    passes: Passes,
     mode: AveragingMode,
     sgp: Option<&SgpConfig>,
 ) -> MemoryEstimate {
@@ -139,7 +160,7 @@ pub(crate) fn estimate(
         _ => 0,
     };
     let params = params as u64;
-    let batch = (task.data.batch_size / micro_batches.max(1)).max(1) as u64;
+    let batch = (task.data.batch_size / passes.micro_batches.max(1)).max(1) as u64;
     let per_sample = match (&task.model, shape) {
         (ModelConfig::Gpt(gpt), DataShape::Tokens { vocab, context }) => {
             let width = gpt.width as u64;
@@ -149,9 +170,17 @@ pub(crate) fn estimate(
             let per_block = tokens
                 .saturating_mul(width.saturating_mul(12 + 2 * gpt.mlp_ratio as u64))
                 .saturating_add(heads.saturating_mul(tokens).saturating_mul(tokens) * 2);
-            per_block
-                .saturating_mul(gpt.layers as u64)
-                .saturating_add(tokens.saturating_mul(vocab) * 3)
+            // Computed again in the backward pass, the blocks keep their inputs through
+            // the pass and one block's intermediates at a time.
+            let blocks = if passes.recompute_activations {
+                tokens
+                    .saturating_mul(width)
+                    .saturating_mul(gpt.layers as u64)
+                    .saturating_add(per_block)
+            } else {
+                per_block.saturating_mul(gpt.layers as u64)
+            };
+            blocks.saturating_add(tokens.saturating_mul(vocab) * 3)
         }
         (ModelConfig::Mlp(mlp), DataShape::Features { width, classes }) => {
             let hidden: u64 = mlp.hidden.iter().map(|&h| h as u64).sum();
@@ -211,15 +240,36 @@ mod tests {
             pair,
             2 * (2 * 124_000_000 + 124_000_000 / 64 * 4) + 131_750_000
         );
-        let three = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
+        let three = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Sgp,
+            Some(&config),
+        );
         assert_eq!(three.references_each_way, Some(3), "{three}");
         assert_eq!(three.averaging_bytes, params as u64 * 12 * 4 + 2 * pair);
         config.max_reference_bytes = pair;
-        let one = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
+        let one = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Sgp,
+            Some(&config),
+        );
         assert_eq!(one.references_each_way, Some(1), "{one}");
         assert_eq!(one.averaging_bytes, params as u64 * 12 * 4);
         config.max_reference_bytes = 4 * pair;
-        let four = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
+        let four = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Sgp,
+            Some(&config),
+        );
         assert_eq!(four.references_each_way, Some(4));
         assert_eq!(four.averaging_bytes, params as u64 * 12 * 4 + 3 * pair);
         assert!(
@@ -229,10 +279,24 @@ mod tests {
         );
         // The count bound still holds, and exact shares keep no references.
         config.max_edge_references = 3;
-        let three = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
+        let three = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Sgp,
+            Some(&config),
+        );
         assert_eq!(three.references_each_way, Some(3));
         config.share_codec = CodecSpec::F32;
-        let exact = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&config));
+        let exact = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Sgp,
+            Some(&config),
+        );
         assert_eq!(
             (exact.references_each_way, exact.averaging_bytes),
             (None, one.averaging_bytes)
@@ -255,7 +319,14 @@ mod tests {
             context: 2048,
         };
         let params = 64 * 12 * 8192 * 8192;
-        let estimate = estimate(&task, shape, params, 1, AveragingMode::Butterfly, None);
+        let estimate = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Butterfly,
+            None,
+        );
         assert!(estimate.state_bytes > 1 << 40, "{estimate}");
         assert!(estimate.total() > estimate.state_bytes);
         assert!(estimate.to_string().contains("GiB"), "{estimate}");
@@ -266,15 +337,68 @@ mod tests {
         let task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
         let params = crate::config::param_count(&task).expect("a size");
-        let estimate = estimate(&task, shape, params, 1, AveragingMode::Sgp, Some(&sgp()));
+        let estimate = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Sgp,
+            Some(&sgp()),
+        );
         assert!(estimate.total() < 256 << 20, "{estimate}");
-        let quarter = super::estimate(&task, shape, params, 4, AveragingMode::Sgp, Some(&sgp()));
+        let quarter = super::estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(4),
+            AveragingMode::Sgp,
+            Some(&sgp()),
+        );
         assert_eq!(quarter.state_bytes, estimate.state_bytes);
         assert!(
             quarter.activation_bytes * 4 <= estimate.activation_bytes,
             "{quarter}"
         );
         assert!(available_bytes().is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    fn blocks_computed_again_keep_one_blocks_activations_and_every_blocks_input() {
+        let mut task = TaskPreset::default_local();
+        task.model = ModelConfig::Gpt(GptConfig {
+            layers: 12,
+            heads: 12,
+            width: 768,
+            context: 256,
+            vocab: Some(50_257),
+            mlp_ratio: 4,
+        });
+        let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
+        let params = crate::config::param_count(&task).expect("a size");
+        let kept = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(4),
+            AveragingMode::Solo,
+            None,
+        );
+        let again = Passes {
+            micro_batches: 4,
+            recompute_activations: true,
+        };
+        let again = estimate(&task, shape, params, again, AveragingMode::Solo, None);
+        assert_eq!(again.state_bytes, kept.state_bytes);
+        // Per sequence of 256 tokens: 12 blocks of 256·(768·20 + 12·256·2) floats, or 12
+        // inputs of 256·768 and one block; the logits' 256·50,257·3 either way. Four
+        // sequences a pass (16 in 4 micro-batches), twice over for gradients, 4 bytes each.
+        let block = 256 * (768 * 20 + 12 * 256 * 2);
+        let logits = 256 * 50_257 * 3;
+        assert_eq!(kept.activation_bytes, (12 * block + logits) * 4 * 8);
+        assert_eq!(
+            again.activation_bytes,
+            (12 * 256 * 768 + block + logits) * 4 * 8
+        );
     }
 
     #[test]
@@ -291,9 +415,23 @@ mod tests {
             moment_bits,
         };
         task.optimizer = adamw(32);
-        let full = estimate(&task, shape, params, 1, AveragingMode::Solo, None);
+        let full = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Solo,
+            None,
+        );
         task.optimizer = adamw(8);
-        let coded = estimate(&task, shape, params, 1, AveragingMode::Solo, None);
+        let coded = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Solo,
+            None,
+        );
         // 8 bytes a parameter against 2 and two scales per 256.
         assert_eq!(full.state_bytes - coded.state_bytes, 6 * 1_000_000 - 31_250);
     }
@@ -327,11 +465,18 @@ mod tests {
             context: 256,
         };
         let params = 38_473_216;
-        let none = estimate(&task, shape, params, 1, AveragingMode::Solo, None);
+        let none = estimate(
+            &task,
+            shape,
+            params,
+            Passes::whole(1),
+            AveragingMode::Solo,
+            None,
+        );
         let sgp = sgp();
         for (mode, measured) in MEASURED_38M {
             let settings = (mode == AveragingMode::Sgp).then_some(&sgp);
-            let estimated = estimate(&task, shape, params, 1, mode, settings);
+            let estimated = estimate(&task, shape, params, Passes::whole(1), mode, settings);
             // Above the measurement, and by more than the measurement's own spread between
             // peers (under 15%).
             assert!(

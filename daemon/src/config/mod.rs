@@ -16,7 +16,7 @@ mod files;
 pub(crate) mod frames;
 mod load;
 mod locate;
-mod memory;
+pub(crate) mod memory;
 pub(crate) mod schema;
 pub(crate) mod template;
 #[cfg(test)]
@@ -114,8 +114,9 @@ pub(crate) struct Training {
     pub(crate) min_peers: usize,
     /// The bound on that wait.
     pub(crate) start_timeout: Duration,
-    /// Passes each step's batch is cut into (gradient accumulation).
-    pub(crate) micro_batches: usize,
+    /// Passes each step's batch is cut into (gradient accumulation), and whether a pass
+    /// computes its blocks again in the backward pass.
+    pub(crate) passes: memory::Passes,
 }
 
 /// `[averaging]`, loaded.
@@ -136,7 +137,7 @@ pub(crate) struct Averaging {
 /// alone.
 pub(crate) fn memory_estimate(
     task: &TaskConfig,
-    micro_batches: usize,
+    passes: memory::Passes,
     mode: &ModeSettings,
 ) -> Option<memory::MemoryEstimate> {
     let shape = validate::data_shape(task)?;
@@ -149,7 +150,7 @@ pub(crate) fn memory_estimate(
         task,
         shape,
         model.param_count(),
-        micro_batches,
+        passes,
         mode.mode(),
         sgp,
     ))

@@ -143,6 +143,9 @@ pub(crate) struct TrainingSection {
     pub(crate) start_timeout_ms: u64,
     /// Passes each step's batch is cut into, their gradients accumulated.
     pub(crate) micro_batches: usize,
+    /// Keep only each GPT block's input through a pass and compute the block again in the
+    /// backward pass.
+    pub(crate) recompute_activations: bool,
 }
 
 impl Default for TrainingSection {
@@ -157,6 +160,7 @@ impl Default for TrainingSection {
             min_peers: 0,
             start_timeout_ms: 30_000,
             micro_batches: 1,
+            recompute_activations: false,
         }
     }
 }

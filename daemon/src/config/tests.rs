@@ -492,13 +492,9 @@ fn the_sgp_reference_budget_bounds_the_edges_in_the_estimate() {
     let each_way = |edits: &[(&str, &str)]| {
         s.write_edited(edits);
         let loaded = s.load().expect("loads");
-        crate::config::memory_estimate(
-            &loaded.task,
-            loaded.training.micro_batches,
-            &loaded.averaging.mode,
-        )
-        .expect("a size from the config")
-        .references_each_way
+        crate::config::memory_estimate(&loaded.task, loaded.training.passes, &loaded.averaging.mode)
+            .expect("a size from the config")
+            .references_each_way
     };
     assert_eq!(each_way(&[wide]), Some(8), "the count bound");
     let budget = |bytes: &'static str| ("max_reference_bytes = 2147483648\n", bytes);

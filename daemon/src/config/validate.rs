@@ -156,7 +156,10 @@ pub(crate) fn check(config: &Config, at: &Locator<'_>) -> Result<Checked, Config
             &task,
             shape,
             model.param_count(),
-            micro_batches,
+            memory::Passes {
+                micro_batches,
+                recompute_activations: config.training.recompute_activations,
+            },
             averaging.mode,
             (averaging.mode == AveragingMode::Sgp).then_some(&sgp),
         );

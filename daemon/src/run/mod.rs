@@ -95,7 +95,14 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .task
         .build(sampling)
         .context("cannot build the training task")?;
-    task.micro_batches = settings.micro_batches;
+    task.micro_batches = settings.passes.micro_batches;
+    if settings.passes.recompute_activations {
+        task.model.set_recompute_activations(true);
+        tracing::info!(
+            "a pass keeps each block's input only and computes the block again in its \
+             backward pass (training.recompute_activations)"
+        );
+    }
     let device = settings.device.device.clone();
     task.model
         .set_device(device)

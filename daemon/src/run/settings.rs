@@ -40,8 +40,9 @@ pub(crate) struct RunSettings {
     /// Other peers to wait for before training, and the bound on that wait.
     pub(crate) min_peers: usize,
     pub(crate) start_timeout: Duration,
-    /// Passes each step's batch is cut into (gradient accumulation).
-    pub(crate) micro_batches: usize,
+    /// Passes each step's batch is cut into (gradient accumulation), and whether a pass
+    /// computes its blocks again in the backward pass.
+    pub(crate) passes: crate::config::memory::Passes,
     pub(crate) checkpoint_dir: PathBuf,
     pub(crate) checkpoint_every: u64,
     pub(crate) checkpoint_keep: usize,

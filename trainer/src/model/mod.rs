@@ -174,6 +174,16 @@ impl Model {
         self.run(&tensors, batch, Some((grad_out, write)))
     }
 
+    /// Whether a training pass keeps only each transformer block's input and computes the
+    /// block again in its backward pass: about one block's activations held instead of
+    /// every block's, for one more forward pass of compute, the gradient the same up to
+    /// float rounding. GPT only; an MLP keeps its few activations either way.
+    pub fn set_recompute_activations(&mut self, recompute: bool) {
+        if let Model::Gpt(gpt) = self {
+            gpt.set_recompute_activations(recompute);
+        }
+    }
+
     /// Lends `params` to the model for the passes of one step ([`Model::pass`]), until
     /// [`Model::give_back`]. On the CPU the flat vector's pages go back to the kernel
     /// meanwhile (its values read as zeros until given back), so that the step holds the
