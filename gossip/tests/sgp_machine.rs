@@ -446,6 +446,29 @@ fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_starts_the_edge
     restarted.handle(T0, input).expect("a fresh edge's share");
 }
 
+/// A share its receiver applied can no longer be taken back: its payload is folded into
+/// the edge's reference then and freed, not kept until the next share, and a refusal of it
+/// afterwards takes nothing back.
+#[test]
+fn an_applied_share_is_folded_into_its_reference_and_its_payload_freed() {
+    let (mut a, _) = quantized_sender();
+    let reference = a.edge_bytes();
+    assert!(reference > 0);
+    let (to, second, payload) = step(&mut a);
+    assert_eq!(
+        a.edge_bytes(),
+        reference + payload.len(),
+        "an unconfirmed share's payload is kept to take it back"
+    );
+    settle(&mut a, to, second);
+    assert_eq!(
+        a.edge_bytes(),
+        reference,
+        "the applied share's payload was kept"
+    );
+    assert_not_taken_back(&mut a, second.step);
+}
+
 #[test]
 fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
     let (mut a, _) = quantized_sender();
@@ -793,6 +816,28 @@ fn spare_buffers_hold_at_most_three_shares_and_none_larger_than_one() {
         assert!(kept <= 8, "the pool never empties");
     }
     assert_eq!(kept, 3);
+}
+
+/// A model whose shares are larger than the pool's byte cap keeps no spare buffer: three
+/// int8 shares of 80M parameters would hold 255 MB through every step.
+#[test]
+fn shares_larger_than_the_pools_cap_are_not_kept() {
+    let len = 80_000_000;
+    // Zeroed by the allocator, the state costs no memory until it is written.
+    let mut a = SgpPeer::new(0, 0..4, vec![0.0; len], int8_config()).expect("valid config");
+    let share = murmur_protocol::codec::Codec::new(CodecSpec::Int8 { block: 64 })
+        .expect("codec")
+        .max_encoded_len(len);
+    assert!(share > 64 << 20);
+    a.recycle(Vec::with_capacity(share));
+    assert_eq!(
+        a.spare_buffer().capacity(),
+        0,
+        "a share-sized buffer was kept"
+    );
+    // Smaller buffers (pieces) still are.
+    a.recycle(Vec::with_capacity(1 << 20));
+    assert_eq!(a.spare_buffer().capacity(), 1 << 20);
 }
 
 /// Edge references are bounded by bytes as well as by count: a pair of references (16

@@ -200,6 +200,13 @@ enum Phase {
 /// Shares' worth of bytes the spare payload buffers may hold in all.
 const SPARE_SHARES: usize = 3;
 
+/// The most bytes the spare payload buffers hold in all, whatever a share's size. A peer
+/// whose shares are larger (an `int8` share of more than about 63M parameters) allocates
+/// each payload afresh: faulting a fresh buffer in costs a fraction of a second, the step
+/// before each share far more, and three kept shares would hold 0.8 of the parameters'
+/// `f32` bytes through every step.
+const SPARE_BYTES: usize = 64 << 20;
+
 /// Where mass folded back into the state came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Absorbed {
@@ -403,6 +410,12 @@ impl<P: PeerKey> SgpPeer<P> {
         }
     }
 
+    /// Bytes the edges of a quantized codec hold (references, and shares not yet applied
+    /// by their receivers, kept to take them back); 0 with `f32` shares.
+    pub fn edge_bytes(&self) -> usize {
+        self.edges.as_ref().map_or(0, EdgeReferences::held_bytes)
+    }
+
     /// An empty buffer from those given back with [`SgpPeer::recycle`], or a new one.
     pub fn spare_buffer(&mut self) -> Vec<u8> {
         self.spare_payloads.pop().unwrap_or_default()
@@ -411,13 +424,14 @@ impl<P: PeerKey> SgpPeer<P> {
     /// Takes back a payload buffer from a sent or received share, to reuse for the next send.
     ///
     /// The spare buffers hold at most three shares' worth of bytes in all, a
-    /// share being what this peer's codec encodes the whole vector into. A buffer larger
-    /// than that (an `f32` hand-off in a quantized swarm) is freed rather
-    /// than kept: reused for quantized shares it would hold four times their bytes.
+    /// share being what this peer's codec encodes the whole vector into, and at most
+    /// [`SPARE_BYTES`]. A buffer larger than a share (an `f32` hand-off in a quantized
+    /// swarm) is freed rather than kept: reused for quantized shares it would hold four
+    /// times their bytes.
     pub fn recycle(&mut self, mut payload: Vec<u8>) {
         // Enough to cover a step's shares and pieces plus a few returns.
         const KEEP: usize = 8;
-        let budget = SPARE_SHARES * self.share_bytes;
+        let budget = (SPARE_SHARES * self.share_bytes).min(SPARE_BYTES);
         let held: usize = self.spare_payloads.iter().map(Vec::capacity).sum();
         if self.spare_payloads.len() < KEEP
             && payload.capacity() <= self.share_bytes

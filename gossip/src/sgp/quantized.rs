@@ -46,10 +46,12 @@ struct OutEdge<P> {
     /// The sender step at which the edge's reference was last set (by `last_share`).
     version: u64,
     /// The reference before `last_share`: the edge's reference is `r + Q⁻¹(last_share)`,
-    /// folded in (and rounded to 16 bits) when the next share is made.
+    /// folded in (and rounded to 16 bits) once its receiver applied it, or when the next
+    /// share is made.
     reference: Reference,
     /// The payload of the last share on this edge (empty: none since `reference`), kept
-    /// until the next so that its `v` can be computed again, bit for bit, to take it back.
+    /// until its receiver applied it so that its `v` can be computed again, bit for bit,
+    /// to take it back.
     last_share: Vec<u8>,
     /// Sequence number of the share on this edge not yet confirmed.
     unconfirmed: Option<u64>,
@@ -101,6 +103,18 @@ impl<P: PeerKey> EdgeReferences<P> {
             in_edges: Vec::new(),
             clock: 0,
         }
+    }
+
+    /// Bytes the edges hold: every reference, and each out-edge's last share while its
+    /// receiver has not applied it.
+    pub(crate) fn held_bytes(&self) -> usize {
+        let outgoing: usize = self
+            .out_edges
+            .iter()
+            .map(|edge| edge.reference.bytes() + edge.last_share.capacity())
+            .sum();
+        let incoming: usize = self.in_edges.iter().map(|e| e.reference.bytes()).sum();
+        outgoing + incoming
     }
 
     /// The most bytes a quantized share of `len` elements takes.
@@ -309,22 +323,40 @@ impl<P: PeerKey> EdgeReferences<P> {
         let at = self
             .out_edges
             .iter()
-            .position(|edge| edge.peer == to && edge.version == step)
+            .position(|edge| edge.peer == to && edge.version == step && !edge.last_share.is_empty())
             .ok_or(SgpError::NotTakenBack { step })?;
         let edge = self.out_edges.swap_remove(at);
         self.coder.take_back(state, &edge, edge.last_weight);
         Ok(edge.unconfirmed)
     }
 
-    /// The share `seq` to `to` was delivered.
+    /// The share `seq` to `to` was applied by its receiver: it can no longer be taken back,
+    /// so it is folded into the edge's reference now and its payload freed, rather than
+    /// kept until the next share (through the next step's passes, where a peer's memory
+    /// peaks).
     pub(crate) fn confirm(&mut self, to: P, seq: u64) {
-        if let Some(at) = self
+        let Some(at) = self
             .out_edges
             .iter()
             .position(|edge| edge.peer == to && edge.unconfirmed == Some(seq))
-        {
-            self.out_edges[at].unconfirmed = None;
-            if self.out_edges[at].orphaned {
+        else {
+            return;
+        };
+        let edge = &mut self.out_edges[at];
+        edge.unconfirmed = None;
+        if edge.orphaned {
+            self.out_edges.swap_remove(at);
+            return;
+        }
+        let last_share = std::mem::take(&mut edge.last_share);
+        if !last_share.is_empty() {
+            let len = edge.reference.len();
+            if self
+                .coder
+                .fold(&last_share, &mut edge.reference, len)
+                .is_err()
+            {
+                // A payload this peer encoded decodes; if not, the edge starts again.
                 self.out_edges.swap_remove(at);
             }
         }

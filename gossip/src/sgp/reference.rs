@@ -46,6 +46,16 @@ impl Reference {
         }
     }
 
+    /// Elements.
+    pub(crate) fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Bytes the steps and scales occupy.
+    pub(crate) fn bytes(&self) -> usize {
+        self.steps.len() * 2 + self.scales.len() * 4
+    }
+
     /// Sets every element to zero.
     pub(crate) fn clear(&mut self) {
         self.steps.fill(0);
