@@ -926,3 +926,83 @@ fn a_long_quantized_share_with_a_bad_last_block_is_refused_before_any_piece_appl
     }
     assert!((a.state().weight() + b.state().weight() - 2.0).abs() < 1e-12);
 }
+
+/// A peer whose parameters are lent for a step acknowledges a share at once and absorbs
+/// it once they come back, ending where a peer that absorbed it after its step ends; it
+/// keeps at most two shares from one sender meanwhile and refuses a third (its sender
+/// takes it back), and a step cannot finish before its parameters are back.
+#[test]
+fn shares_that_arrive_while_the_parameters_are_lent_are_acknowledged_then_absorbed() {
+    let values: Vec<f32> = (0..300).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut a = peer(0, 2, &values, int8_config());
+    let start: Vec<f32> = values.iter().map(|v| v * 0.5 + 1.0).collect();
+    let mut b = peer(1, 2, &start, int8_config());
+    let mut twin = peer(1, 2, &start, int8_config());
+    outputs(&mut b);
+    outputs(&mut twin);
+
+    let mut z = b.lend_parameters().expect("a step was started");
+    assert!(b.parameters_lent());
+    assert_eq!(z, start, "z = x / w with w = 1");
+    assert_eq!(b.lend_parameters(), Err(SgpError::Lent));
+    // Two shares from a while b steps: each acknowledged at once, the mass untouched.
+    let mut kept = Vec::new();
+    for _ in 0..2 {
+        let (to, header, payload) = step(&mut a);
+        let input = SgpInput::ShareReceived {
+            from: 0,
+            header,
+            payload: &payload,
+        };
+        b.handle(T0, input).expect("accepted while lent");
+        assert_eq!(
+            receipts(&outputs(&mut b)),
+            [(0, header.step, ShareOutcome::Applied)]
+        );
+        assert_eq!(b.state().weight(), 1.0);
+        settle(&mut a, to, header);
+        kept.push((header, payload));
+    }
+    // A third is one too many: refused, and its sender takes it back and starts afresh.
+    let (_, third, payload) = step(&mut a);
+    let input = SgpInput::ShareReceived {
+        from: 0,
+        header: third,
+        payload: &payload,
+    };
+    let refused = b.handle(T0, input).expect_err("a third share kept");
+    assert!(refused.returns_share(), "{refused}");
+    assert_eq!(
+        b.handle(T0, SgpInput::LocalStepDone),
+        Err(SgpError::Lent),
+        "a step done before its parameters are back"
+    );
+
+    // The step moved every parameter by 0.25; the twin applies it to its numerator (w = 1)
+    // and absorbs the same shares after it.
+    for z in &mut z {
+        *z += 0.25;
+    }
+    b.return_parameters(T0, z).expect("given back");
+    twin.numerator_mut()
+        .expect("mass")
+        .iter_mut()
+        .for_each(|x| *x += 0.25);
+    for (header, payload) in &kept {
+        let input = SgpInput::ShareReceived {
+            from: 0,
+            header: *header,
+            payload,
+        };
+        twin.handle(T0, input).expect("absorbed");
+    }
+    assert!(!b.parameters_lent());
+    assert_eq!(
+        b.state(),
+        twin.state(),
+        "the kept shares were absorbed as they came"
+    );
+    assert_eq!(b.stats().shares_received, 2);
+    b.handle(T0, SgpInput::LocalStepDone)
+        .expect("the step ends");
+}

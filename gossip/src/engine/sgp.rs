@@ -1,19 +1,20 @@
 //! The engine of `averaging.mode = "sgp"`: Stochastic Gradient Push ([`crate::sgp`]) with
 //! the trainer in the loop.
 //!
-//! A step runs on the trainer at the de-biased parameters `z = x / w`. Its update `Δz`
-//! comes back and is added to the numerator as `w·Δz`, so that `z` moves by exactly the
-//! optimizer's step even when shares arrived (and changed `w`) while the step computed.
+//! A step runs on the trainer at the de-biased parameters `z = x / w`: the numerator itself,
+//! turned into `z` and lent ([`SgpPeer::lend_parameters`]), so that the peer holds its
+//! parameters once through the step; they come back as the step left them, `x = w·z'`.
 //! Shares go out as parcels; the transport's reports pace the steps or hand a share's mass
 //! back, and the receiver's receipt settles it. Shares that arrive are folded in at once
-//! and acknowledged.
+//! and acknowledged; while the parameters are lent they are checked and acknowledged at
+//! once and folded in when the step ends ([`crate::sgp`]'s `lent` module).
 
 use std::collections::{HashMap, VecDeque};
 
 use murmur_protocol::message::{PushSumShare, ShareCancel, ShareReceipt, ShareRefused};
 
 use crate::parcel::Parcel;
-use crate::sgp::{SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
+use crate::sgp::{Replayed, SgpConfig, SgpError, SgpInput, SgpOutput, SgpPeer, ShareHeader};
 use crate::{PeerKey, Time};
 
 use super::membership::{Beat, Change, MemberEvent, Membership};
@@ -33,8 +34,6 @@ pub struct SgpEngine<P> {
     machine: SgpPeer<P>,
     membership: Membership<P>,
     len: usize,
-    /// `z = x / w`; with the trainer during a step (empty meanwhile).
-    z: Vec<f32>,
     /// The buffer lent with each step, which comes back holding the step's `Δz`; with the
     /// trainer during a step (empty meanwhile).
     update: Vec<f32>,
@@ -80,7 +79,6 @@ impl<P: PeerKey> SgpEngine<P> {
             machine,
             membership,
             len,
-            z: vec![0.0; len],
             update: vec![0.0; len],
             step_offset,
             batch_size,
@@ -195,11 +193,11 @@ impl<P: PeerKey> SgpEngine<P> {
     }
 
     fn start_step(&mut self, step: u64) -> Result<(), EngineError> {
-        self.machine.debiased_into(&mut self.z)?;
+        let params = self.machine.lend_parameters()?;
         let peers = self.membership.len() as u64 + 1;
         self.working = true;
         self.outputs.push_back(EngineOutput::Work(Work::Step {
-            params: std::mem::take(&mut self.z),
+            params,
             update: std::mem::take(&mut self.update),
             step: self.step_offset + step,
             swarm_batch: self.batch_size * peers,
@@ -210,13 +208,16 @@ impl<P: PeerKey> SgpEngine<P> {
     fn on_work_done(&mut self, now: Time, done: WorkDone) -> Result<(), EngineError> {
         let (params, update) = done.into_stepped(self.len)?;
         self.working = false;
-        self.z = params;
         self.update = update;
-        let weight = self.machine.state().weight() as f32;
-        if let Some(x) = self.machine.numerator_mut() {
-            for (x, &moved) in x.iter_mut().zip(&self.update) {
-                *x += weight * moved;
-            }
+        // What the machine kept while the parameters were lent, and the fates it reports
+        // as those of the inputs it handles at once are reported.
+        for replayed in self.machine.return_parameters(now, params)? {
+            let (peer, fate) = match replayed {
+                Replayed::Cancelled(peer) => (peer, RefusalFate::Cancelled),
+                Replayed::TakenBack(peer) => (peer, RefusalFate::TakenBack),
+                Replayed::Lost(peer) => (peer, RefusalFate::Lost),
+            };
+            self.event(EngineEvent::Refusal { peer, fate });
         }
         self.machine.handle(now, SgpInput::LocalStepDone)?;
         let beat = self.beat();
@@ -233,9 +234,9 @@ impl<P: PeerKey> SgpEngine<P> {
         }
         self.finished = true;
         if self.machine.state().weight() > 0.0 {
-            self.machine.debiased_into(&mut self.z)?;
-            self.outputs
-                .push_back(EngineOutput::Finished(std::mem::take(&mut self.z)));
+            let mut z = vec![0.0; self.len];
+            self.machine.debiased_into(&mut z)?;
+            self.outputs.push_back(EngineOutput::Finished(z));
         }
         self.machine.handle(now, SgpInput::Leave)?;
         Ok(())
@@ -247,17 +248,15 @@ impl<P: PeerKey> SgpEngine<P> {
                 if share.elements as usize != self.len {
                     self.bad(from, "a share of the wrong shape".to_owned());
                 } else if share.chunk_count == 1 {
-                    self.fold_in(now, from, &share, &payload);
+                    self.take_share(now, from, &share, payload);
+                    return Ok(());
                 } else {
                     let machine = &mut self.machine;
                     let whole = self
                         .pieces_in
                         .piece(from, &share, &payload, self.len, || machine.spare_buffer());
                     match whole {
-                        Ok(Some(whole)) => {
-                            self.fold_in(now, from, &share, &whole);
-                            self.machine.recycle(whole);
-                        }
+                        Ok(Some(whole)) => self.take_share(now, from, &share, whole),
                         Ok(None) => {}
                         Err(reason) => self.bad(from, reason),
                     }
@@ -269,11 +268,15 @@ impl<P: PeerKey> SgpEngine<P> {
                     by: from,
                     step: refused.step,
                 };
+                // Kept while the parameters are lent; its fate is reported when they return.
+                let kept = self.machine.parameters_lent();
                 let fate = match self.machine.handle(now, input) {
                     Ok(()) => RefusalFate::TakenBack,
                     Err(_) => RefusalFate::Lost,
                 };
-                self.event(EngineEvent::Refusal { peer: from, fate });
+                if !kept {
+                    self.event(EngineEvent::Refusal { peer: from, fate });
+                }
             }
             Parcel::ShareReceipt(receipt) => {
                 let input = SgpInput::ReceiptReceived {
@@ -311,6 +314,22 @@ impl<P: PeerKey> SgpEngine<P> {
             }
         }
         Ok(())
+    }
+
+    /// Takes a whole share `payload` from `from`, whose header (of any of its pieces) is
+    /// `share`: folded in now, or, while the parameters are lent for a step, checked,
+    /// acknowledged and kept until they come back.
+    fn take_share(&mut self, now: Time, from: P, share: &PushSumShare<'_>, payload: Vec<u8>) {
+        if !self.machine.parameters_lent() {
+            self.fold_in(now, from, share, &payload);
+            self.machine.recycle(payload);
+            return;
+        }
+        let header = ShareHeader::from_wire(share, 0);
+        if let Err((error, payload)) = self.machine.accept_while_lent(from, header, payload) {
+            self.refuse(from, share.step, &error);
+            self.machine.recycle(payload);
+        }
     }
 
     /// Folds in a whole share `payload` from `from`, whose header (of any of its pieces) is
@@ -547,7 +566,7 @@ impl<P: PeerKey> Engine<P> for SgpEngine<P> {
         EngineStatus {
             step: self.step_offset + self.machine.steps_done(),
             peers: self.membership.len(),
-            push_sum_weight: Some(self.machine.state().weight()),
+            push_sum_weight: Some(self.machine.held_weight()),
             shares_sent: stats.shares_sent,
             shares_received: stats.shares_received,
             shares_returned: stats.shares_returned,

@@ -87,6 +87,13 @@ pub enum SgpError {
     /// `LocalStepDone` arrived while no step had been started.
     #[error("a local step finished but none was started; start a step only after `StartStep`")]
     NoStepInProgress,
+    /// The parameters were asked for, or a step finished, at the wrong point of a loan:
+    /// lent twice, or the step done before they came back.
+    #[error(
+        "the parameters are lent for a local step; give them back (`return_parameters`) \
+         before the step is done, and lend them once a step"
+    )]
+    Lent,
     /// An input arrived after the peer finished leaving.
     #[error("this peer has left the swarm and handed off its mass; start a new peer to rejoin")]
     Departed,

@@ -18,11 +18,18 @@ use super::schedule::ExponentialGraph;
 use super::share::{FRESH_REFERENCE, ShareHeader};
 use super::state::PushSumState;
 
+#[path = "lent.rs"]
+mod lent;
+
+use self::lent::Deferred;
+pub use self::lent::Replayed;
+
 /// What happened, as told to an [`SgpPeer`].
 #[derive(Debug, Clone, Copy)]
 pub enum SgpInput<'a, P> {
     /// The trainer finished the step it was allowed to start with [`SgpOutput::StartStep`],
-    /// having applied its update to the numerator through [`SgpPeer::numerator_mut`].
+    /// having applied its update to the numerator through [`SgpPeer::numerator_mut`], or
+    /// to the parameters it was lent and given back ([`SgpPeer::return_parameters`]).
     LocalStepDone,
     /// A share arrived from another peer.
     ShareReceived {
@@ -254,6 +261,8 @@ pub struct SgpPeer<P> {
     /// The bytes of a share of the whole vector in this peer's codec (see [`SgpPeer::recycle`]).
     share_bytes: usize,
     stats: SgpStats,
+    /// What arrived while the parameters were lent for a step, in order ([`lent`]).
+    deferred: VecDeque<Deferred<P>>,
 }
 
 impl<P: PeerKey> SgpPeer<P> {
@@ -329,6 +338,7 @@ impl<P: PeerKey> SgpPeer<P> {
             outputs: VecDeque::new(),
             spare_payloads: Vec::new(),
             stats: SgpStats::default(),
+            deferred: VecDeque::new(),
         })
     }
 
@@ -464,6 +474,9 @@ impl<P: PeerKey> SgpPeer<P> {
                 }
                 _ => Err(SgpError::Departed),
             };
+        }
+        if self.state.is_lent() && self.taken_while_lent(&input)? {
+            return Ok(());
         }
         match input {
             SgpInput::LocalStepDone => self.on_local_step_done(now)?,

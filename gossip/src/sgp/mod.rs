@@ -82,7 +82,8 @@ mod state;
 pub use config::{MIN_REFERENCE_BYTES, SgpConfig};
 pub use error::SgpError;
 pub use machine::{
-    GIVE_UP_AFTER, HANDOFF_RETRY_FIRST, HANDOFF_RETRY_MAX, SgpInput, SgpOutput, SgpPeer, SgpStats,
+    GIVE_UP_AFTER, HANDOFF_RETRY_FIRST, HANDOFF_RETRY_MAX, Replayed, SgpInput, SgpOutput, SgpPeer,
+    SgpStats,
 };
 pub use membership::MembershipView;
 pub use schedule::{ExponentialGraph, OutDegree};

@@ -272,6 +272,46 @@ impl<P: PeerKey> EdgeReferences<P> {
         Ok(())
     }
 
+    /// Whether [`EdgeReferences::absorb`] would take a share from `from` after the shares
+    /// from `from` accepted before it and not yet absorbed, the last of which has step
+    /// `after`: the checks `absorb` makes, without applying anything. A share on top of
+    /// an unabsorbed one is checked against no reference (its own deviation decodes and is
+    /// finite): the reference it is built on exists only once the one before is absorbed.
+    pub(crate) fn check_share(
+        &mut self,
+        state: &PushSumState,
+        from: P,
+        header: ShareHeader,
+        payload: &[u8],
+        after: Option<u64>,
+    ) -> Result<(), SgpError> {
+        let len = state.len();
+        let Some(version) = header.reference else {
+            check_exact(header.codec)?;
+            return state.check_f32(header.weight, payload);
+        };
+        if header.codec != self.coder.codec.spec() {
+            return Err(SgpError::UnexpectedCodec {
+                expected: self.coder.codec.spec(),
+                got: header.codec,
+            });
+        }
+        super::state::check_share_weight(header.weight)?;
+        if version == FRESH_REFERENCE || after.is_some() {
+            if after.is_some_and(|after| version != FRESH_REFERENCE && version != after) {
+                return Err(SgpError::StaleReference { version });
+            }
+            return self.coder.check(payload, None, len);
+        }
+        let at = self
+            .in_edges
+            .iter()
+            .position(|edge| edge.peer == from && edge.version == version)
+            .ok_or(SgpError::StaleReference { version })?;
+        self.coder
+            .check(payload, Some(&self.in_edges[at].reference), len)
+    }
+
     /// Takes back a share the transport returned from `to`, and forgets the edge.
     ///
     /// Fails, leaving `state` untouched, when the edge no longer holds the reference the

@@ -19,14 +19,17 @@ pub const MIN_WEIGHT: f64 = 1.0 / (1u64 << 20) as f64;
 /// millions of splits; the numerator is `f32`, like the parameters the trainer holds.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PushSumState {
+    /// Empty while lent for a local step ([`PushSumState::lend_debiased`]).
     numerator: Vec<f32>,
     weight: f64,
+    len: usize,
 }
 
 impl PushSumState {
     /// A peer's initial state: `x` = its parameters, `w` = 1, so `z = x`.
     pub fn new(parameters: Vec<f32>) -> PushSumState {
         PushSumState {
+            len: parameters.len(),
             numerator: parameters,
             weight: 1.0,
         }
@@ -37,17 +40,18 @@ impl PushSumState {
         PushSumState {
             numerator: vec![0.0; len],
             weight: 0.0,
+            len,
         }
     }
 
     /// Number of elements in the parameter vector.
     pub fn len(&self) -> usize {
-        self.numerator.len()
+        self.len
     }
 
     /// Whether the parameter vector has no elements.
     pub fn is_empty(&self) -> bool {
-        self.numerator.is_empty()
+        self.len == 0
     }
 
     /// The push-sum weight `w`.
@@ -116,6 +120,46 @@ impl PushSumState {
         Ok(())
     }
 
+    /// Turns the numerator into the de-biased parameters `z = x / w`, in place and exactly
+    /// as [`PushSumState::debiased_into`] computes them, and moves it out for a local step,
+    /// so that the step holds the parameters once. The numerator is empty until
+    /// [`PushSumState::restore_debiased`]; nothing may change the mass meanwhile.
+    pub(crate) fn lend_debiased(&mut self) -> Result<Vec<f32>, SgpError> {
+        if self.weight <= 0.0 {
+            return Err(SgpError::NoMass);
+        }
+        if self.numerator.len() != self.len {
+            return Err(SgpError::Lent);
+        }
+        let inverse = 1.0 / self.weight;
+        for x in &mut self.numerator {
+            *x = (f64::from(*x) * inverse) as f32;
+        }
+        Ok(std::mem::take(&mut self.numerator))
+    }
+
+    /// Takes back parameters lent by [`PushSumState::lend_debiased`], as the step left
+    /// them: `x = w·z`, which is `x + w·Δz` to a rounding of each element.
+    pub(crate) fn restore_debiased(&mut self, mut z: Vec<f32>) -> Result<(), SgpError> {
+        if z.len() != self.len {
+            return Err(SgpError::LengthMismatch {
+                expected: self.len,
+                got: z.len(),
+            });
+        }
+        let weight = self.weight;
+        for x in &mut z {
+            *x = (f64::from(*x) * weight) as f32;
+        }
+        self.numerator = z;
+        Ok(())
+    }
+
+    /// Whether the numerator is lent for a local step.
+    pub(crate) fn is_lent(&self) -> bool {
+        self.numerator.len() != self.len
+    }
+
     /// Moves `fraction` of this peer's mass out, writing the numerator share into `payload`
     /// as little-endian `f32`s, and returns the share's weight.
     ///
@@ -156,8 +200,22 @@ impl PushSumState {
     /// The payload is checked before anything is added, so a malformed share leaves the
     /// state untouched.
     pub(crate) fn absorb_f32(&mut self, weight: f64, payload: &[u8]) -> Result<(), SgpError> {
+        self.check_f32(weight, payload)?;
+        for (x, bytes) in self
+            .numerator
+            .iter_mut()
+            .zip(payload.chunks_exact(F32_BYTES))
+        {
+            *x += f32_from_le(bytes);
+        }
+        self.weight += weight;
+        Ok(())
+    }
+
+    /// Whether [`PushSumState::absorb_f32`] would take the share.
+    pub(crate) fn check_f32(&self, weight: f64, payload: &[u8]) -> Result<(), SgpError> {
         check_share_weight(weight)?;
-        let expected = self.numerator.len() * F32_BYTES;
+        let expected = self.len * F32_BYTES;
         if payload.len() != expected {
             return Err(SgpError::PayloadLength {
                 expected,
@@ -170,14 +228,6 @@ impl PushSumState {
         if !all_finite {
             return Err(SgpError::NonFinitePayload);
         }
-        for (x, bytes) in self
-            .numerator
-            .iter_mut()
-            .zip(payload.chunks_exact(F32_BYTES))
-        {
-            *x += f32_from_le(bytes);
-        }
-        self.weight += weight;
         Ok(())
     }
 
