@@ -72,8 +72,8 @@ pub(super) enum Deferred<P> {
 
 impl<P: PeerKey> SgpPeer<P> {
     /// Lends the parameters, as `z = x / w`, for the step [`SgpOutput::StartStep`] allowed;
-    /// until [`SgpPeer::return_parameters`] the peer keeps what would change its mass (see
-    /// the [module docs](self)).
+    /// until [`SgpPeer::return_parameters`] the peer keeps what would change its mass: a
+    /// share that arrives is checked, acknowledged at once and absorbed when they return.
     pub fn lend_parameters(&mut self) -> Result<Vec<f32>, SgpError> {
         if !self.computing {
             return Err(SgpError::NoStepInProgress);

@@ -434,8 +434,8 @@ impl<P: PeerKey> SgpPeer<P> {
     /// Takes back a payload buffer from a sent or received share, to reuse for the next send.
     ///
     /// The spare buffers hold at most three shares' worth of bytes in all, a
-    /// share being what this peer's codec encodes the whole vector into, and at most
-    /// [`SPARE_BYTES`]. A buffer larger than a share (an `f32` hand-off in a quantized
+    /// share being what this peer's codec encodes the whole vector into, and at most 64 MiB.
+    /// A buffer larger than a share (an `f32` hand-off in a quantized
     /// swarm) is freed rather than kept: reused for quantized shares it would hold four
     /// times their bytes.
     pub fn recycle(&mut self, mut payload: Vec<u8>) {

@@ -76,7 +76,7 @@ fn levels(kind: MomentKind) -> Vec<f32> {
         .collect()
 }
 
-/// A vector coded in 8 bits an element, [`BLOCK`] elements to a scale.
+/// A vector coded in 8 bits an element, 256 elements to a scale.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MomentCodes {
     kind: MomentKind,
