@@ -99,6 +99,25 @@ impl Batch {
         self.rows = rows;
     }
 
+    /// Makes `into` hold rows `start..start + rows` of this batch (its buffers reused).
+    pub(crate) fn copy_rows(&self, start: usize, rows: usize, into: &mut Batch) {
+        let per_row = self.targets.len() / self.rows.max(1);
+        match &self.inputs {
+            BatchInputs::Features { values, width } => {
+                let mut part = into.take_feature_values();
+                part.extend_from_slice(&values[start * width..(start + rows) * width]);
+                into.set_features(part, *width, rows);
+            }
+            BatchInputs::Tokens { ids, context } => {
+                let mut part = into.take_token_ids();
+                part.extend_from_slice(&ids[start * context..(start + rows) * context]);
+                into.set_tokens(part, *context, rows);
+            }
+        }
+        into.targets
+            .extend_from_slice(&self.targets[start * per_row..(start + rows) * per_row]);
+    }
+
     /// Stores token rows (targets are filled separately).
     pub(crate) fn set_tokens(&mut self, ids: Vec<u32>, context: usize, rows: usize) {
         self.inputs = BatchInputs::Tokens { ids, context };

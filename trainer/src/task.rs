@@ -164,9 +164,11 @@ impl Task {
         Ok(loss)
     }
 
-    /// Mean loss of `params` over the shared eval set.
-    pub fn evaluate(&mut self, params: &[f32]) -> Result<f32, TrainerError> {
-        self.model.evaluate(params, self.dataset.eval_set())
+    /// Mean loss of `params` over the shared eval set, in passes of a micro-batch's samples
+    /// at most. `params` is lent to the model meanwhile ([`Model::evaluate`]).
+    pub fn evaluate(&mut self, params: &mut [f32]) -> Result<f32, TrainerError> {
+        let rows = self.batch_size / self.micro_batches.max(1);
+        self.model.evaluate(params, self.dataset.eval_set(), rows)
     }
 }
 

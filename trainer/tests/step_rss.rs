@@ -142,3 +142,47 @@ fn a_gpt_step_keeps_no_copy_of_its_token_embedding_beside_its_gradient() {
         "the passes raised the peak by {rise:.2}× the parameters"
     );
 }
+
+#[test]
+fn an_eval_holds_the_parameters_once() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    #[cfg(target_env = "gnu")]
+    // SAFETY: as in `step_rise`.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
+    let sampling = PeerSampling {
+        swarm_seed: 3,
+        peer_seed: 1,
+        shard: 0,
+        shards: 1,
+    };
+    let mut task = deep_mlp().build(sampling).unwrap();
+    let mut params = task.model.init(3);
+    let bytes = std::mem::size_of_val(params.as_slice()) as u64;
+    // A first eval, so that every lazily built buffer exists before the measured one.
+    let first = task.evaluate(&mut params).unwrap();
+    let before = params.clone();
+
+    std::fs::write("/proc/self/clear_refs", "5")
+        .expect("resetting the peak resident memory through /proc/self/clear_refs");
+    let start = status_kib("VmRSS:") * 1024;
+    let loss = task.evaluate(&mut params).unwrap();
+    let rise = (status_kib("VmHWM:") * 1024).saturating_sub(start);
+
+    assert_eq!(
+        loss.to_bits(),
+        first.to_bits(),
+        "the same eval, the same loss"
+    );
+    assert_eq!(params, before, "the parameters came back as they were lent");
+    let ratio = rise as f64 / bytes as f64;
+    eprintln!(
+        "peak resident memory rose {rise} bytes over the eval; the parameters are {bytes} bytes ({ratio:.2}×)"
+    );
+    // Copied into candle's tensors beside the flat vector, the eval rose 1.0× or more.
+    assert!(
+        ratio < 0.5,
+        "the eval raised the peak by {ratio:.2}× the parameters"
+    );
+}

@@ -21,14 +21,14 @@ fn train(config: &TaskConfig, steps: u64) -> (f32, f32, f32) {
     let mut params = task.model.init(17);
     let mut grad = vec![0.0; params.len()];
     let mut batch = task.dataset.empty_batch(task.batch_size);
-    let initial = task.evaluate(&params).unwrap();
+    let initial = task.evaluate(&mut params).unwrap();
     for step in 0..steps {
         let loss = task
             .local_step(&mut params, &mut batch, &mut grad, step, 1)
             .unwrap();
         assert!(loss.is_finite(), "loss diverged at step {step}");
     }
-    let last = task.evaluate(&params).unwrap();
+    let last = task.evaluate(&mut params).unwrap();
     (initial, last, task.dataset.loss_floor().unwrap())
 }
 
@@ -210,5 +210,29 @@ fn micro_batches_give_the_whole_batch_gradient() {
             .next_loss_and_grad(&mut params, &mut batch, &mut g_parts)
             .unwrap_err();
         assert!(error.to_string().contains("do not divide"), "{error}");
+    }
+}
+
+/// An eval in passes of a micro-batch's rows gives the loss of whole batches, and leaves
+/// the parameters as they were, on the GPT and on the MLP.
+#[test]
+fn an_eval_in_micro_batches_gives_the_whole_batches_loss() {
+    for preset in [TaskPreset::MarkovGpt, TaskPreset::TeacherMlp] {
+        let mut config = preset.config();
+        config.data.batch_size = 8;
+        config.data.eval_samples = 20;
+        let mut task = config.build(sampling(3)).unwrap();
+        let mut params = task.model.init(17);
+        let initial = params.clone();
+        let whole = task.evaluate(&mut params).unwrap();
+        assert_eq!(params, initial, "{preset:?}: the parameters changed");
+        // Passes of 2 rows: the batches of 8, 8 and 4 rows in ten passes.
+        task.micro_batches = 4;
+        let parts = task.evaluate(&mut params).unwrap();
+        assert_eq!(params, initial, "{preset:?}: the parameters changed");
+        assert!(
+            whole.is_finite() && (whole - parts).abs() < 1e-5 * whole.abs(),
+            "{preset:?}: {whole} vs {parts}"
+        );
     }
 }

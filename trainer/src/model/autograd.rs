@@ -53,14 +53,15 @@ impl ParamTensors {
         })
     }
 
-    /// Lends `params` to candle as tracked variables for a step's passes. On the CPU each
-    /// tensor's whole pages of `params` go back to the kernel once copied ([`pages`]), so
-    /// that the values are held once; [`ParamTensors::give_back`] writes them back. On a GPU
-    /// `params` stays as it is.
+    /// Lends `params` to candle for a step's passes, as tracked variables when `track` (an
+    /// eval records no graph). On the CPU each tensor's whole pages of `params` go back to
+    /// the kernel once copied ([`pages`]), so that the values are held once;
+    /// [`ParamTensors::give_back`] writes them back. On a GPU `params` stays as it is.
     pub(crate) fn lend(
         layout: &ParamLayout,
         params: &mut [f32],
         device: &Device,
+        track: bool,
     ) -> Result<Self, TrainerError> {
         TrainerError::check_len("params", layout.len(), params.len())?;
         let mut lent = Self {
@@ -69,8 +70,13 @@ impl ParamTensors {
         };
         for spec in layout.tensors() {
             let values = &mut params[spec.range()];
-            match Var::from_slice(values, spec.shape(), device) {
-                Ok(var) => lent.tensors.push(var.into_inner()),
+            let tensor = if track {
+                Var::from_slice(values, spec.shape(), device).map(Var::into_inner)
+            } else {
+                Tensor::from_slice(values, spec.shape(), device)
+            };
+            match tensor {
+                Ok(tensor) => lent.tensors.push(tensor),
                 Err(e) => {
                     // The tensors made so far hold their values: put them back first.
                     lent.give_back(layout, params)?;

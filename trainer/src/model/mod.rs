@@ -189,7 +189,7 @@ impl Model {
     /// meanwhile (its values read as zeros until given back), so that the step holds the
     /// parameters once.
     pub(crate) fn lend(&self, params: &mut [f32]) -> Result<ParamTensors, TrainerError> {
-        ParamTensors::lend(self.layout(), params, self.device())
+        ParamTensors::lend(self.layout(), params, self.device(), true)
     }
 
     /// Mean loss over the batch at the lent parameters, with its gradient written into
@@ -238,21 +238,58 @@ impl Model {
         self.run(&tensors, batch, None)
     }
 
-    /// Mean loss over a whole eval set, each batch weighted by its number of predictions.
-    pub fn evaluate(&mut self, params: &[f32], eval_set: &[Batch]) -> Result<f32, TrainerError> {
-        let mut total = 0.0f64;
-        let mut count = 0usize;
-        for batch in eval_set {
-            let loss = self.eval_loss(params, batch)?;
-            total += f64::from(loss) * batch.predictions() as f64;
-            count += batch.predictions();
-        }
+    /// Mean loss over a whole eval set, each batch weighted by its number of predictions,
+    /// in passes of at most `rows` samples (a training pass's), so that an eval holds no
+    /// more activations than a step does.
+    ///
+    /// `params` is lent to the model meanwhile, as for a step's passes (no graph recorded),
+    /// and holds its values again on return, error or not.
+    pub fn evaluate(
+        &mut self,
+        params: &mut [f32],
+        eval_set: &[Batch],
+        rows: usize,
+    ) -> Result<f32, TrainerError> {
+        let lent = ParamTensors::lend(self.layout(), params, self.device(), false)?;
+        let losses = self.eval_passes(&lent, eval_set, rows.max(1));
+        self.give_back(lent, params)?;
+        let (total, count) = losses?;
         if count == 0 {
             return Err(TrainerError::BatchMismatch {
                 reason: "the eval set is empty".into(),
             });
         }
         Ok((total / count as f64) as f32)
+    }
+
+    /// The summed loss (weighted by predictions) and the predictions of `eval_set`, in
+    /// passes of at most `rows` samples.
+    fn eval_passes(
+        &mut self,
+        lent: &ParamTensors,
+        eval_set: &[Batch],
+        rows: usize,
+    ) -> Result<(f64, usize), TrainerError> {
+        let (mut total, mut count) = (0.0f64, 0usize);
+        let mut part = None;
+        for batch in eval_set {
+            let mut start = 0;
+            while start < batch.rows {
+                let take = rows.min(batch.rows - start);
+                let pass = if take == batch.rows {
+                    batch
+                } else {
+                    let part = part.get_or_insert_with(|| batch.clone());
+                    batch.copy_rows(start, take, part);
+                    &*part
+                };
+                let loss = self.run(lent, pass, None)?;
+                total += f64::from(loss) * pass.predictions() as f64;
+                count += pass.predictions();
+                start += take;
+            }
+        }
+        Ok((total, count))
     }
 }
 
