@@ -53,6 +53,10 @@ const REDIAL_EVERY: Duration = Duration::from_secs(5);
 const ALONE_WARNING_FIRST: Duration = Duration::from_secs(30);
 const ALONE_WARNING_MAX: Duration = Duration::from_secs(600);
 
+/// A leave's whole bound, in [`DriverConfig::leave_bound`]s: a hand-off that keeps making
+/// progress (a large model's, on a slow link) may take this long.
+pub const LEAVE_BOUNDS_IN_ALL: u32 = 15;
+
 /// What a driver needs to know beside its engine.
 #[derive(Debug, Clone)]
 pub struct DriverConfig {
@@ -62,7 +66,9 @@ pub struct DriverConfig {
     pub bootstrap: Vec<String>,
     /// Peers the swarm is expected to have besides this one (at least 1 for redials).
     pub expected_peers: usize,
-    /// How long a finishing engine may take to hand off before the driver stops anyway.
+    /// How long a finishing engine may go without progress on its hand-off (a share
+    /// written, or its last step's work taken in) before the driver stops anyway; the whole
+    /// leave takes at most [`LEAVE_BOUNDS_IN_ALL`] times this.
     pub leave_bound: Duration,
 }
 
@@ -164,7 +170,8 @@ pub enum DriverError {
 pub enum DriverExit {
     /// The engine departed.
     Departed,
-    /// The hand-off took longer than `leave_bound`.
+    /// The hand-off made no progress for `leave_bound`, or took longer than
+    /// [`LEAVE_BOUNDS_IN_ALL`] of them.
     LeaveTimedOut,
 }
 
@@ -285,7 +292,9 @@ struct Driver<E> {
     from: mpsc::Sender<FromEngine>,
     to: mpsc::Receiver<ToEngine>,
     status: watch::Sender<EngineStatus>,
-    leave_deadline: Option<tokio::time::Instant>,
+    /// While finishing: when to stop waiting for the hand-off, and the latest that may
+    /// move to.
+    leave_deadline: Option<(tokio::time::Instant, tokio::time::Instant)>,
     next_redial: Option<Instant>,
     /// While this peer knows no peer although it has bootstrap addresses: when to warn
     /// next, and the wait after that.
@@ -346,7 +355,7 @@ impl<E: Engine<PeerId>> Driver<E> {
                 .poll_timeout()
                 .map(|t| self.clock.instant(t))
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
-            let leave = self.leave_deadline;
+            let leave = self.leave_deadline.map(|(at, _)| at);
             let wake = tokio::select! {
                 Some(d) = self.io.mailbox.recv() => Wake::Parcel(d),
                 Some(r) = self.io.outbox.next_report() => Wake::Report(r),
@@ -360,6 +369,10 @@ impl<E: Engine<PeerId>> Driver<E> {
             let woke = Instant::now();
             let kind = wake.name();
             let heavy = wake.may_take_long();
+            // A share written, or the last step's work taken in (whose turn may itself run
+            // for seconds on a large model): the hand-off goes on.
+            let progress = matches!(&wake, Wake::Report(r) if r.result.is_ok())
+                || matches!(wake, Wake::Caller(Some(ToEngine::Done(_))));
             let input = match wake {
                 Wake::Parcel(delivery) => {
                     if let Some(observer) = &self.observer {
@@ -395,8 +408,10 @@ impl<E: Engine<PeerId>> Driver<E> {
                 }
                 Wake::Caller(Some(ToEngine::Done(done))) => EngineInput::WorkDone(done),
                 Wake::Caller(Some(ToEngine::Finish)) => {
+                    let now = tokio::time::Instant::now();
+                    let bound = self.config.leave_bound;
                     self.leave_deadline
-                        .get_or_insert(tokio::time::Instant::now() + self.config.leave_bound);
+                        .get_or_insert((now + bound, now + bound * LEAVE_BOUNDS_IN_ALL));
                     EngineInput::Finish
                 }
                 Wake::Caller(None) => return Err(DriverError::CallerGone),
@@ -421,10 +436,20 @@ impl<E: Engine<PeerId>> Driver<E> {
                 self.engine.handle(now, input)?;
             }
             let done = self.carry_out().await?;
+            if progress {
+                self.hand_off_progressed();
+            }
             self.note_stall(kind, woke.elapsed());
             if done {
                 return Ok(DriverExit::Departed);
             }
+        }
+    }
+
+    /// Moves the leave deadline `leave_bound` past now, within the whole leave's bound.
+    fn hand_off_progressed(&mut self) {
+        if let Some((at, latest)) = &mut self.leave_deadline {
+            *at = (tokio::time::Instant::now() + self.config.leave_bound).min(*latest);
         }
     }
 
