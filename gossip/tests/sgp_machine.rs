@@ -57,24 +57,21 @@ fn step(peer: &mut SgpPeer<u32>) -> (u32, ShareHeader, Vec<u8>) {
 /// Runs one local step of `peer` whose share the transport then reports delivered and its
 /// receiver (which this test does not run) acknowledges; returns the receiver.
 fn step_delivered(peer: &mut SgpPeer<u32>) -> u32 {
-    let (to, header, _) = step(peer);
-    settle(peer, to, header);
+    let (to, header, payload) = step(peer);
+    settle(peer, to, header, &payload);
     to
 }
 
-/// The transport reports `header`'s share to `to` written, and `to` says it applied it.
-fn settle(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader) {
-    written(peer, to, header);
+/// The transport reports `header`'s share to `to` (sent as `payload`) written, and `to`
+/// says it applied it.
+fn settle(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader, payload: &[u8]) {
+    written(peer, to, header, payload);
     receipt(peer, to, header.step, ShareOutcome::Applied);
 }
 
-/// The transport reports `header`'s share to `to` written.
-fn written(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader) {
-    let delivered = SgpInput::ShareDelivered {
-        to,
-        seq: header.seq,
-    };
-    peer.handle(T0, delivered).expect("written");
+/// The transport reports `header`'s share to `to`, sent as `payload`, written.
+fn written(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader, payload: &[u8]) {
+    peer.delivered(T0, to, header.seq, payload.to_vec());
 }
 
 fn receipt(peer: &mut SgpPeer<u32>, from: u32, step: u64, outcome: ShareOutcome) {
@@ -125,19 +122,12 @@ fn overlap_bound_tau_gates_the_next_step_on_own_unconfirmed_shares() {
         ..SgpConfig::default()
     };
     let mut a = peer(0, 4, &[1.0], tau0);
-    let (to, header, _) = step(&mut a);
+    let (to, header, payload) = step(&mut a);
     assert!(
         starts(&outputs(&mut a)).is_empty(),
         "τ = 0 waits for delivery"
     );
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to,
-            seq: header.seq,
-        },
-    )
-    .expect("delivered");
+    a.delivered(T0, to, header.seq, payload);
     assert_eq!(starts(&outputs(&mut a)), [1]);
 
     let mut b = peer(0, 4, &[1.0], SgpConfig::default());
@@ -188,7 +178,7 @@ fn a_graceful_leave_hands_all_mass_to_the_successor_and_forwards_late_shares_one
     leaver.handle(T0, SgpInput::Leave).expect("leave");
     let handed = shares(&outputs(&mut leaver));
     assert_eq!(handed.len(), 1);
-    let (heir, header, _) = handed[0].clone();
+    let (heir, header, handoff) = handed[0].clone();
     assert_eq!(heir, 2);
     assert_eq!(header.weight, 1.0);
     assert_eq!(leaver.state().weight(), 0.0);
@@ -209,7 +199,7 @@ fn a_graceful_leave_hands_all_mass_to_the_successor_and_forwards_late_shares_one
         .expect("late share");
     // Passed on once the transport has written the first hand-off: one at a time.
     assert!(shares(&outputs(&mut leaver)).is_empty());
-    written(&mut leaver, heir, header);
+    written(&mut leaver, heir, header, &handoff);
     let forwarded = shares(&outputs(&mut leaver));
     assert_eq!(forwarded.len(), 1);
     assert_eq!((forwarded[0].0, forwarded[0].1.weight), (2, late.weight));
@@ -220,7 +210,7 @@ fn a_graceful_leave_hands_all_mass_to_the_successor_and_forwards_late_shares_one
     );
     receipt(&mut leaver, heir, header.step, ShareOutcome::Applied);
     assert!(!leaver.has_departed());
-    settle(&mut leaver, forwarded[0].0, forwarded[0].1);
+    settle(&mut leaver, forwarded[0].0, forwarded[0].1, &forwarded[0].2);
     assert_eq!(outputs(&mut leaver), [SgpOutput::Departed]);
     assert!(leaver.has_departed());
 }
@@ -312,7 +302,7 @@ fn a_quantized_share_without_a_matching_reference_goes_back_to_its_sender() {
         payload: &payload,
     };
     b.handle(T0, input).expect("first share");
-    settle(&mut a, 1, first);
+    settle(&mut a, 1, first, &payload);
     // Its quantization error stayed in `a`'s numerator: `a` now stands at `values` plus it.
     let mut settled = vec![0.0; 100];
     a.debiased_into(&mut settled).expect("mass");
@@ -374,7 +364,7 @@ fn quantized_sender() -> (SgpPeer<u32>, Vec<f32>) {
         payload: &payload,
     };
     b.handle(T0, input).expect("first share");
-    settle(&mut a, to, first);
+    settle(&mut a, to, first, &payload);
     let mut settled = vec![0.0; values.len()];
     a.debiased_into(&mut settled).expect("mass");
     (a, settled)
@@ -396,14 +386,7 @@ fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_starts_the_edge
     // A quantized share the transport delivered, to a receiver that restarted meanwhile.
     let (_, second, payload) = step(&mut a);
     assert!(second.reference.is_some());
-    a.handle(
-        T0,
-        SgpInput::ShareDelivered {
-            to: 1,
-            seq: second.seq,
-        },
-    )
-    .expect("delivered");
+    a.delivered(T0, 1, second.seq, payload.clone());
     let mut restarted = peer(1, 2, &[0.0; 100], int8_config());
     let input = SgpInput::ShareReceived {
         from: 0,
@@ -460,7 +443,7 @@ fn an_applied_share_is_folded_into_its_reference_and_its_payload_freed() {
         reference + payload.len(),
         "an unconfirmed share's payload is kept to take it back"
     );
-    settle(&mut a, to, second);
+    settle(&mut a, to, second, &payload);
     assert_eq!(
         a.edge_bytes(),
         reference,
@@ -484,19 +467,15 @@ fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
     assert_eq!(a.state().weight(), weight_before + second.weight);
     // The transport's report comes later and changes nothing.
     let state = a.state().clone();
-    let delivered = SgpInput::ShareDelivered {
-        to: 1,
-        seq: second.seq,
-    };
-    a.handle(T0, delivered).expect("late report");
+    a.delivered(T0, 1, second.seq, Vec::new());
     assert_eq!(a.state(), &state);
 }
 
 #[test]
 fn a_refusal_of_a_share_a_later_one_replaced_is_not_taken_back() {
     let (mut a, _) = quantized_sender();
-    let (_, second, _) = step(&mut a);
-    settle(&mut a, 1, second);
+    let (_, second, payload) = step(&mut a);
+    settle(&mut a, 1, second, &payload);
     let (_, third, _) = step(&mut a);
     assert_eq!(third.reference, Some(second.step));
     // The edge's reference is now the third share's: the second's value is gone.
@@ -561,7 +540,7 @@ fn a_written_share_its_receiver_never_applied_is_cancelled_then_taken_back_once(
     let mut a = peer(0, 2, &[1.0, 3.0], SgpConfig::default());
     let mut b = peer(1, 2, &[5.0, -1.0], SgpConfig::default());
     let (to, header, payload) = step(&mut a);
-    written(&mut a, to, header);
+    written(&mut a, to, header, &payload);
     assert_eq!(a.state().weight(), 0.5);
     // No receipt by the deadline: a asks b, again every timeout while b says nothing.
     let deadline = a.poll_timeout().expect("waits for a receipt");
@@ -620,7 +599,7 @@ fn a_cancel_for_an_applied_share_is_answered_applied_and_moves_nothing() {
         receipts(&outputs(&mut b)),
         [(0, header.step, ShareOutcome::Applied)]
     );
-    written(&mut a, to, header);
+    written(&mut a, to, header, &payload);
     let deadline = a.poll_timeout().expect("waits for a receipt");
     a.handle(deadline, SgpInput::Tick).expect("tick");
     assert_eq!(cancels(&outputs(&mut a)), [(1, header.step)]);
@@ -640,9 +619,9 @@ fn a_cancel_for_an_applied_share_is_answered_applied_and_moves_nothing() {
 #[test]
 fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel() {
     let (mut a, values) = quantized_sender();
-    let (_, second, _) = step(&mut a);
+    let (_, second, payload) = step(&mut a);
     assert!(second.reference.is_some());
-    written(&mut a, 1, second);
+    written(&mut a, 1, second, &payload);
     // The edge waits for the receipt: the next step keeps its share.
     outputs(&mut a);
     assert_eq!(a.stats().shares_held, 0);
@@ -669,8 +648,8 @@ fn an_unacknowledged_quantized_share_is_taken_back_from_its_edge_after_a_cancel(
 #[test]
 fn a_receiver_out_of_the_view_is_asked_once_back_and_never_answered_for() {
     let mut a = peer(0, 2, &[2.0], SgpConfig::default());
-    let (to, header, _) = step(&mut a);
-    written(&mut a, to, header);
+    let (to, header, payload) = step(&mut a);
+    written(&mut a, to, header, &payload);
     // Given up as silent: it may be frozen with the share applied, so nothing comes back.
     a.handle(T0, SgpInput::PeerCrashed(1)).expect("crashed");
     let deadline = a.poll_timeout().expect("waits");
@@ -692,8 +671,8 @@ fn a_receiver_out_of_the_view_is_asked_once_back_and_never_answered_for() {
 #[test]
 fn a_receiver_that_never_returns_has_its_share_given_up_not_taken_back() {
     let mut a = peer(0, 2, &[2.0], SgpConfig::default());
-    let (to, header, _) = step(&mut a);
-    written(&mut a, to, header);
+    let (to, header, payload) = step(&mut a);
+    written(&mut a, to, header, &payload);
     a.handle(T0, SgpInput::PeerCrashed(1)).expect("crashed");
     let mut ticks = 0;
     while let Some(at) = a.poll_timeout() {
@@ -722,9 +701,9 @@ fn an_exact_edge_carries_at_most_four_unacknowledged_shares() {
     };
     let mut a = peer(0, 2, &[1.0], config);
     for expected in 0..4 {
-        let (to, header, _) = step(&mut a);
+        let (to, header, payload) = step(&mut a);
         assert_eq!(header.step, expected);
-        written(&mut a, to, header);
+        written(&mut a, to, header, &payload);
     }
     let weight = a.state().weight();
     outputs(&mut a);
@@ -783,8 +762,8 @@ fn a_hand_off_that_comes_back_goes_out_again_after_a_growing_wait() {
     assert_eq!(wait, HANDOFF_RETRY_MAX, "the wait stops growing");
 
     // This time the heir takes it, and the leaver departs with nothing left.
-    let (heir, header, _) = handed.remove(0);
-    settle(&mut leaver, heir, header);
+    let (heir, header, handoff) = handed.remove(0);
+    settle(&mut leaver, heir, header, &handoff);
     assert_eq!(leaver.state().weight(), 0.0);
     assert_eq!(outputs(&mut leaver), [SgpOutput::Departed]);
 }
@@ -899,8 +878,8 @@ fn a_long_quantized_share_with_a_bad_last_block_is_refused_before_any_piece_appl
     }
     b.handle(T0, received(0, a0, &a0_payload)).expect("first");
     a.handle(T0, received(1, b0, &b0_payload)).expect("first");
-    settle(&mut a, 1, a0);
-    settle(&mut b, 0, b0);
+    settle(&mut a, 1, a0, &a0_payload);
+    settle(&mut b, 0, b0, &b0_payload);
     // `a` moved towards `b`: its next share quantizes a deviation from the reference.
     let (_, a1, payload) = step(&mut a);
     assert!(a1.reference.is_some());
@@ -960,9 +939,10 @@ fn shares_that_arrive_while_the_parameters_are_lent_are_acknowledged_then_absorb
             [(0, header.step, ShareOutcome::Applied)]
         );
         assert_eq!(b.state().weight(), 1.0);
-        settle(&mut a, to, header);
+        settle(&mut a, to, header, &payload);
         kept.push((header, payload));
     }
+    assert_eq!(b.stats().shares_received, 2, "counted once acknowledged");
     // A third is one too many: refused, and its sender takes it back and starts afresh.
     let (_, third, payload) = step(&mut a);
     let input = SgpInput::ShareReceived {
@@ -1005,4 +985,37 @@ fn shares_that_arrive_while_the_parameters_are_lent_are_acknowledged_then_absorb
     assert_eq!(b.stats().shares_received, 2);
     b.handle(T0, SgpInput::LocalStepDone)
         .expect("the step ends");
+}
+
+#[test]
+fn a_leaver_computes_its_final_parameters_from_its_hand_off_as_it_would_from_its_numerator() {
+    let mut a = peer(0, 2, &[1.0 / 3.0, 7.3, -2.9e-7], SgpConfig::default());
+    let (to, header, payload) = step(&mut a);
+    settle(&mut a, to, header, &payload);
+    assert_eq!(a.state().weight(), 0.5);
+    let mut expected = vec![0.0; 3];
+    a.debiased_into(&mut expected).expect("mass");
+    let z = a
+        .leave_with_parameters(T0)
+        .expect("leave")
+        .expect("it held mass");
+    assert_eq!(
+        z.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        expected.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+    );
+    let handed = shares(&outputs(&mut a));
+    assert_eq!(handed.len(), 1, "the hand-off");
+    assert_eq!(handed[0].1.weight, 0.5);
+    assert_eq!(a.state().weight(), 0.0);
+
+    // Alone, a peer keeps its mass and gives its parameters all the same.
+    let mut alone = peer(0, 1, &[4.0, -1.5], SgpConfig::default());
+    outputs(&mut alone);
+    let z = alone.leave_with_parameters(T0).expect("leave");
+    assert_eq!(z, Some(vec![4.0, -1.5]));
+    assert!(shares(&outputs(&mut alone)).is_empty());
+
+    // With no mass (a joiner before its first share), nothing.
+    let mut joiner = SgpPeer::joining(1, 0..2, 2, SgpConfig::default()).expect("config");
+    assert_eq!(joiner.leave_with_parameters(T0).expect("leave"), None);
 }

@@ -447,9 +447,11 @@ async fn bench(
             FromEngine::Work(Work::Step {
                 params, mut update, ..
             }) => {
-                // Pure averaging, step by step: the next step starts once as many shares
-                // have been folded in as this peer pushed (with every view equal, each
-                // step has exactly one in-neighbour), and `params` is then `z` after them.
+                // Pure averaging, step by step: the step goes on once as many shares have
+                // been received as this peer pushed (with every view equal, each step has
+                // exactly one in-neighbour). One that arrives while `params` is lent for
+                // this step is acknowledged at once and folded in when it comes back, so
+                // `params` is `z` after the shares of the steps before.
                 // It also waits for the receipt of this peer's last share: an edge whose
                 // share is unsettled keeps the next one back, and its receiver would wait
                 // for it in vain. A step asked for once this peer finishes is not

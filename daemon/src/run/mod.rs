@@ -108,7 +108,7 @@ async fn run_peer(settings: RunSettings) -> anyhow::Result<()> {
         .set_device(device)
         .context("cannot move the model to the training device")?;
     let mut params = task.model.init(sampling.swarm_seed);
-    let initial_eval_loss = task.evaluate(&params).context("initial eval")?;
+    let initial_eval_loss = task.evaluate(&mut params).context("initial eval")?;
     let loss_floor = task.dataset.loss_floor();
     let layout = task.model.layout().clone();
     let len = params.len();

@@ -289,8 +289,8 @@ impl WorkerState {
     fn run(&mut self, job: Job) -> anyhow::Result<Done> {
         match job {
             Job::Engine { work, eval } => self.run_work(work, eval),
-            Job::Eval { params } => {
-                let loss = self.task.evaluate(&params).context("eval")?;
+            Job::Eval { mut params } => {
+                let loss = self.task.evaluate(&mut params).context("eval")?;
                 Ok(Done::Eval { params, loss })
             }
             Job::LoadOptimizer(state) => {
@@ -334,7 +334,7 @@ impl WorkerState {
     }
 
     /// The eval loss of `params` when `eval`.
-    fn eval_if(&mut self, eval: bool, params: &[f32]) -> anyhow::Result<Option<f32>> {
+    fn eval_if(&mut self, eval: bool, params: &mut [f32]) -> anyhow::Result<Option<f32>> {
         eval.then(|| self.task.evaluate(params))
             .transpose()
             .context("eval")
@@ -364,7 +364,7 @@ impl WorkerState {
                     .context("local step")?;
                 self.stretch(started.elapsed());
                 let took = started.elapsed();
-                let eval_loss = self.eval_if(eval, &params)?;
+                let eval_loss = self.eval_if(eval, &mut params)?;
                 Ok(Done::Engine {
                     done: WorkDone::Stepped {
                         params,
@@ -424,7 +424,7 @@ impl WorkerState {
                     lr,
                 )
                 .context("optimizer step")?;
-                let eval_loss = self.eval_if(eval, &params)?;
+                let eval_loss = self.eval_if(eval, &mut params)?;
                 Ok(Done::Engine {
                     done: WorkDone::Applied { params, grad },
                     loss: None,

@@ -233,12 +233,13 @@ impl<P: PeerKey> SgpEngine<P> {
             return Ok(());
         }
         self.finished = true;
-        if self.machine.state().weight() > 0.0 {
-            let mut z = vec![0.0; self.len];
-            self.machine.debiased_into(&mut z)?;
+        // No step follows: the update buffer goes before the hand-off is made, and the final
+        // parameters are computed from the hand-off once the numerator is gone, so that the
+        // peer holds two vectors of the model's size while it leaves, not four.
+        self.update = Vec::new();
+        if let Some(z) = self.machine.leave_with_parameters(now)? {
             self.outputs.push_back(EngineOutput::Finished(z));
         }
-        self.machine.handle(now, SgpInput::Leave)?;
         Ok(())
     }
 
@@ -443,8 +444,8 @@ impl<P: PeerKey> SgpEngine<P> {
             took,
         });
         if delivered {
-            self.machine
-                .handle(now, SgpInput::ShareDelivered { to, seq: tag })?;
+            // An exact share's payload is kept to take it back; any other is recycled.
+            self.machine.delivered(now, to, tag, payload);
         } else {
             let header = ShareHeader::from_wire(&share, tag);
             let taken_back = self.machine.handle(
@@ -467,8 +468,8 @@ impl<P: PeerKey> SgpEngine<P> {
                     fate: RefusalFate::Lost,
                 });
             }
+            self.machine.recycle(payload);
         }
-        self.machine.recycle(payload);
         Ok(())
     }
 

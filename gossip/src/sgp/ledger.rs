@@ -20,8 +20,11 @@ pub(crate) struct Entry<P> {
     pub(crate) to: P,
     pub(crate) step: u64,
     pub(crate) weight: f64,
-    /// The share's numerator as sent, kept to take an exact share back; `None` for a share
-    /// of a quantized edge, which the edge's reference takes back.
+    /// Whether the share carries its numerator exactly (`f32`), so that only its payload
+    /// can take it back; a quantized edge's share is taken back by the edge's reference.
+    pub(crate) exact: bool,
+    /// An exact share's payload, kept from the transport's report that it was written
+    /// until the share is settled, to take it back.
     pub(crate) kept: Option<Vec<u8>>,
     /// Whether the transport reported every byte written.
     pub(crate) written: bool,

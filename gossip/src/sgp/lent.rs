@@ -172,6 +172,8 @@ impl<P: PeerKey> SgpPeer<P> {
             return Err((error, payload));
         }
         self.receipts.applied(from, header.step);
+        // Counted as received once acknowledged, as a share folded in at once is.
+        self.stats.shares_received += 1;
         self.outputs.push_back(SgpOutput::Receipt {
             to: from,
             step: header.step,
@@ -242,7 +244,6 @@ impl<P: PeerKey> SgpPeer<P> {
                 if absorbed.is_err() {
                     return Some(Replayed::Lost(from));
                 }
-                self.stats.shares_received += 1;
                 self.after_absorb(now, Absorbed::Received);
                 None
             }

@@ -40,14 +40,6 @@ pub enum SgpInput<'a, P> {
         /// The numerator share, encoded as the swarm's share codec says.
         payload: &'a [u8],
     },
-    /// The transport wrote every byte of a share this peer sent. Its receiver may still
-    /// never apply it: the share stays unsettled until a receipt says so.
-    ShareDelivered {
-        /// The share's receiver.
-        to: P,
-        /// The share's sequence number.
-        seq: u64,
-    },
     /// The transport gave a share back: its receiver is gone (the connection was refused
     /// or closed before the share was taken), or it refused the share with an error for
     /// which [`SgpError::returns_share`] holds. The peer takes the mass back, so that none
@@ -107,9 +99,10 @@ pub enum SgpInput<'a, P> {
 /// What an [`SgpPeer`] asks its caller to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum SgpOutput<P> {
-    /// Send this share to `to`, then report [`SgpInput::ShareDelivered`] or
-    /// [`SgpInput::ShareReturned`]. Hand the payload buffer back with [`SgpPeer::recycle`]
-    /// once sent, so that steady-state sharing does not allocate.
+    /// Send this share to `to`, then report it written with its payload
+    /// ([`SgpPeer::delivered`]), or given back ([`SgpInput::ShareReturned`], then hand the
+    /// payload buffer back with [`SgpPeer::recycle`]), so that steady-state sharing does not
+    /// allocate.
     SendShare {
         /// The receiver.
         to: P,
@@ -149,7 +142,8 @@ pub enum SgpOutput<P> {
 pub struct SgpStats {
     /// Shares sent, hand-offs included.
     pub shares_sent: u64,
-    /// Shares received from other peers and folded in.
+    /// Shares received from other peers and acknowledged: folded in, or kept to fold in
+    /// when the parameters lent for a step come back.
     pub shares_received: u64,
     /// Shares given back (by the transport, or refused by their receiver), folded back in.
     pub shares_returned: u64,
@@ -452,6 +446,36 @@ impl<P: PeerKey> SgpPeer<P> {
         }
     }
 
+    /// The transport wrote every byte of the share `seq` to `to`, sent as `payload`. Its
+    /// receiver may still never apply it: the share stays unsettled until a receipt says so.
+    /// An exact share (`f32`: an exact swarm's, or a hand-off) is taken back, should it be
+    /// cancelled, from its own payload, kept here until then, so that no copy of it is made
+    /// when it is sent; any other payload goes back to the spare buffers.
+    pub fn delivered(&mut self, now: Time, to: P, seq: u64, payload: Vec<u8>) {
+        let timeout = self.config.share_timeout();
+        let mut payload = Some(payload);
+        if self.phase != Phase::Departed
+            && let Some(entry) = self.ledger.by_seq(to, seq)
+        {
+            if !entry.written {
+                entry.written = true;
+                entry.deadline = now + timeout;
+            }
+            if entry.exact && entry.kept.is_none() {
+                entry.kept = payload.take();
+            }
+        }
+        if let Some(payload) = payload {
+            self.recycle(payload);
+        }
+        if self.phase == Phase::Departed {
+            return;
+        }
+        self.hand_off_what_came_meanwhile(now);
+        self.maybe_start_step();
+        self.maybe_depart();
+    }
+
     /// Feeds one input at time `now`.
     ///
     /// A share the peer cannot use is refused with an error and leaves the state untouched;
@@ -497,13 +521,6 @@ impl<P: PeerKey> SgpPeer<P> {
                 });
                 self.stats.shares_received += 1;
                 self.after_absorb(now, Absorbed::Received);
-            }
-            SgpInput::ShareDelivered { to, seq } => {
-                if let Some(entry) = self.ledger.by_seq(to, seq).filter(|e| !e.written) {
-                    entry.written = true;
-                    entry.deadline = now + self.config.share_timeout();
-                }
-                self.hand_off_what_came_meanwhile(now);
             }
             SgpInput::ShareReturned {
                 to,
@@ -634,6 +651,42 @@ impl<P: PeerKey> SgpPeer<P> {
         }
     }
 
+    /// Leaves ([`SgpInput::Leave`]) and returns the parameters this peer held, `z = x / w`,
+    /// as [`SgpPeer::debiased_into`] computes them; `None` if it held no mass. The hand-off
+    /// carries `x` exactly, so `z` is computed from its payload once `x` is gone: the peer
+    /// holds the hand-off and `z`, never `x` beside both.
+    pub fn leave_with_parameters(&mut self, now: Time) -> Result<Option<Vec<f32>>, SgpError> {
+        let weight = self.state.weight();
+        if weight <= 0.0 || self.phase != Phase::Training {
+            self.handle(now, SgpInput::Leave)?;
+            return Ok(None);
+        }
+        let before = self.outputs.len();
+        self.handle(now, SgpInput::Leave)?;
+        let handed = self
+            .outputs
+            .iter()
+            .skip(before)
+            .find_map(|output| match output {
+                SgpOutput::SendShare {
+                    header, payload, ..
+                } if header.reference.is_none() && header.weight == weight => Some(payload),
+                _ => None,
+            });
+        let mut z = vec![0.0; self.state.len()];
+        match handed {
+            Some(payload) => {
+                let inverse = 1.0 / weight;
+                for (z, bytes) in z.iter_mut().zip(payload.chunks_exact(4)) {
+                    *z = (f64::from(super::state::f32_from_le(bytes)) * inverse) as f32;
+                }
+            }
+            // Alone, it keeps its mass.
+            None => self.state.debiased_into(&mut z)?,
+        }
+        Ok(Some(z))
+    }
+
     fn send(&mut self, now: Time, to: P, step: u64, portion: Portion) {
         let exact_edge = self.edges.is_none() && matches!(portion, Portion::Fraction(_));
         if exact_edge && self.ledger.unsettled_to(to) >= MAX_UNACKNOWLEDGED_EXACT {
@@ -663,19 +716,16 @@ impl<P: PeerKey> SgpPeer<P> {
         if reference == Some(FRESH_REFERENCE) {
             self.stats.edges_started += 1;
         }
-        // An exact share is taken back from a copy; a quantized edge's reference suffices.
-        let kept = (self.edges.is_none() || matches!(portion, Portion::All)).then(|| {
-            let mut kept = self.spare_payloads.pop().unwrap_or_default();
-            kept.clear();
-            kept.extend_from_slice(&payload);
-            kept
-        });
+        // An exact share is taken back from its payload, kept once written
+        // ([`SgpPeer::delivered`]); a quantized edge's reference suffices.
+        let exact = self.edges.is_none() || matches!(portion, Portion::All);
         self.ledger.push(Entry {
             seq,
             to,
             step,
             weight,
-            kept,
+            exact,
+            kept: None,
             written: false,
             deadline: now + self.config.share_timeout(),
             cancels: 0,
@@ -755,10 +805,11 @@ impl<P: PeerKey> SgpPeer<P> {
     fn take_back(&mut self, entry: Entry<P>) -> Result<(), SgpError> {
         let result = match (&entry.kept, &mut self.edges) {
             (Some(kept), _) => self.state.absorb_f32(entry.weight, kept),
-            (None, Some(edges)) => edges
+            (None, Some(edges)) if !entry.exact => edges
                 .take_back_refused(&mut self.state, entry.to, entry.step)
                 .map(|_| ()),
-            (None, None) => Err(SgpError::NotTakenBack { step: entry.step }),
+            // An exact share whose payload the transport has not reported yet.
+            (None, _) => Err(SgpError::NotTakenBack { step: entry.step }),
         };
         self.recycle_kept(entry.kept);
         result

@@ -232,13 +232,7 @@ impl<P: PeerKey> EdgeReferences<P> {
             edge.last_used = self.clock;
             return Ok(());
         };
-        if header.codec != self.coder.codec.spec() {
-            return Err(SgpError::UnexpectedCodec {
-                expected: self.coder.codec.spec(),
-                got: header.codec,
-            });
-        }
-        super::state::check_share_weight(header.weight)?;
+        self.check_codec_and_weight(header)?;
         let at = if version == FRESH_REFERENCE {
             // The sender starts this edge again from zero, whatever this end held for it.
             // Checked whole first, then applied: a refused share changes nothing.
@@ -247,11 +241,7 @@ impl<P: PeerKey> EdgeReferences<P> {
             self.in_edges[at].reference.clear();
             at
         } else {
-            let at = self
-                .in_edges
-                .iter()
-                .position(|edge| edge.peer == from && edge.version == version)
-                .ok_or(SgpError::StaleReference { version })?;
+            let at = self.in_edge_at(from, version)?;
             self.coder
                 .check(payload, Some(&self.in_edges[at].reference), len)?;
             at
@@ -290,26 +280,36 @@ impl<P: PeerKey> EdgeReferences<P> {
             check_exact(header.codec)?;
             return state.check_f32(header.weight, payload);
         };
-        if header.codec != self.coder.codec.spec() {
-            return Err(SgpError::UnexpectedCodec {
-                expected: self.coder.codec.spec(),
-                got: header.codec,
-            });
-        }
-        super::state::check_share_weight(header.weight)?;
+        self.check_codec_and_weight(header)?;
         if version == FRESH_REFERENCE || after.is_some() {
             if after.is_some_and(|after| version != FRESH_REFERENCE && version != after) {
                 return Err(SgpError::StaleReference { version });
             }
             return self.coder.check(payload, None, len);
         }
-        let at = self
-            .in_edges
-            .iter()
-            .position(|edge| edge.peer == from && edge.version == version)
-            .ok_or(SgpError::StaleReference { version })?;
+        let at = self.in_edge_at(from, version)?;
         self.coder
             .check(payload, Some(&self.in_edges[at].reference), len)
+    }
+
+    /// A quantized share's codec is this swarm's, and its weight one a share may carry.
+    fn check_codec_and_weight(&self, header: ShareHeader) -> Result<(), SgpError> {
+        if header.codec != self.coder.codec.spec() {
+            return Err(SgpError::UnexpectedCodec {
+                expected: self.coder.codec.spec(),
+                got: header.codec,
+            });
+        }
+        super::state::check_share_weight(header.weight)
+    }
+
+    /// The in-edge from `from` whose reference is at `version`: the one a share built on
+    /// that version decodes against.
+    fn in_edge_at(&self, from: P, version: u64) -> Result<usize, SgpError> {
+        self.in_edges
+            .iter()
+            .position(|edge| edge.peer == from && edge.version == version)
+            .ok_or(SgpError::StaleReference { version })
     }
 
     /// Takes back a share the transport returned from `to`, and forgets the edge.

@@ -1,5 +1,7 @@
 //! A swarm of simulated SGP peers, driven event by event in virtual time.
 
+use std::collections::HashMap;
+
 use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus;
 
@@ -124,6 +126,9 @@ pub struct SgpSwarm {
     churn: Vec<ChurnEvent>,
     slots: Vec<Option<Message>>,
     free_slots: Vec<u32>,
+    /// The payloads of exact shares written and not yet reported so, by sender, its
+    /// incarnation and sequence number: the sender keeps them to take the shares back.
+    written_payloads: HashMap<(u32, u32, u64), Vec<u8>>,
     outputs: Vec<SgpOutput<u32>>,
     /// While a peer handles a share or a cancel request: the incarnation of the process
     /// that sent it, which its receipt is for.
@@ -192,6 +197,7 @@ impl SgpSwarm {
             free_slots: Vec::new(),
             outputs: Vec::new(),
             answering: None,
+            written_payloads: HashMap::new(),
             now: Time::ZERO,
             round_nanos: scenario.round_nanos(),
             initial_average,
@@ -376,11 +382,23 @@ impl SgpSwarm {
                 to,
                 seq,
             } => {
+                let payload = self
+                    .written_payloads
+                    .remove(&(from, incarnation, seq))
+                    .unwrap_or_default();
                 if self.incarnation(from) != Some(incarnation) {
                     // The peer restarted since: the new process never sent that share.
                     return Ok(());
                 }
-                self.feed(from, SgpInput::ShareDelivered { to, seq })
+                let Some(machine) = self
+                    .peers
+                    .get_mut(from as usize)
+                    .and_then(|peer| peer.machine.as_mut())
+                else {
+                    return Ok(());
+                };
+                machine.delivered(self.now, to, seq, payload);
+                self.pump(from)
             }
             Event::Return { slot } => self.on_return(slot),
             Event::Tick { peer } => {

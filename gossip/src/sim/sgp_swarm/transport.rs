@@ -243,6 +243,12 @@ impl SgpSwarm {
             // on; its weight is lost, as it would be on a real network.
             Err(_) => self.dropped_weight += header.weight,
         }
+        // The sender keeps an exact share's payload once it is written, to take it back
+        // should it be cancelled: its own buffer in the daemon, a copy here.
+        if header.reference.is_none() {
+            let key = (from, route.incarnation, header.seq);
+            self.written_payloads.insert(key, payload.clone());
+        }
         receiver.recycle(payload);
         self.free_slots.push(slot);
         if let Some(refusal) = refusal {
