@@ -139,8 +139,8 @@ async fn run_peer(
     (gone, handle.status())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn engine_calls_of_five_heartbeat_intervals_give_no_peer_up() {
+/// Two peers of one swarm, connected, each admitted by the other.
+async fn admitted_pair() -> ((NetHandle, NetInbound), (NetHandle, NetInbound)) {
     let authority = Authority::new();
     let (a, a_in) = authority.spawn(1, InviteKind::Valid).await;
     let (b, b_in) = authority.spawn(2, InviteKind::Valid).await;
@@ -154,6 +154,13 @@ async fn engine_calls_of_five_heartbeat_intervals_give_no_peer_up() {
         }
     })
     .await;
+    ((a, a_in), (b, b_in))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn engine_calls_of_five_heartbeat_intervals_give_no_peer_up() {
+    let ((a, a_in), (b, b_in)) = admitted_pair().await;
+    let (a_id, b_id) = (a.local_peer_id(), b.local_peer_id());
     // a stalls three times, b never: b must keep hearing a (a's keeper), and a must not
     // take its own stalls for b's silence. Then two seconds of plain running.
     let until = Instant::now() + STALL * (STALLS + 1) + Duration::from_secs(2);
@@ -258,19 +265,8 @@ async fn answer_steps(handle: &mut EngineHandle, finish_after: Option<u32>, unti
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_leaver_whose_last_step_outlasts_the_leave_bound_still_hands_its_mass_off() {
-    let authority = Authority::new();
-    let (a, a_in) = authority.spawn(1, InviteKind::Valid).await;
-    let (b, b_in) = authority.spawn(2, InviteKind::Valid).await;
-    connect(&b, &a).await;
+    let ((a, a_in), (b, b_in)) = admitted_pair().await;
     let (a_id, b_id) = (a.local_peer_id(), b.local_peer_id());
-    eventually(Duration::from_secs(10), "a and b admit each other", || {
-        let (a, b) = (a.clone(), b.clone());
-        async move {
-            a.peers().await.unwrap_or_default().contains(&b_id)
-                && b.peers().await.unwrap_or_default().contains(&a_id)
-        }
-    })
-    .await;
     let mut at_a = sgp_driver(&a, a_in, b_id, vec![1.0; 1024], true);
     let mut at_b = sgp_driver(&b, b_in, a_id, vec![3.0; 1024], false);
     // a finishes during its first step, whose turn then holds its driver past the bound:

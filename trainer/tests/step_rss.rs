@@ -19,12 +19,10 @@ fn status_kib(key: &str) -> u64 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// The rise of the peak resident memory over one step of `config`'s task in
-/// `micro_batches` passes, after a first step, as a multiple of the parameters' bytes.
-fn step_rise(config: TaskConfig, micro_batches: usize) -> f64 {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    // As the daemon does (its `allocator` module): every tensor-sized buffer is a mapping of
-    // its own, given back when freed, so that resident memory follows what is live.
+/// `config`'s task for one peer, with malloc set as the daemon sets it (its `allocator`
+/// module): every tensor-sized buffer is a mapping of its own, given back when freed, so
+/// that resident memory follows what is live.
+fn build(config: TaskConfig) -> murmur_trainer::Task {
     // SAFETY: `mallopt` only changes malloc's tunables; the value is in its valid range.
     #[cfg(target_env = "gnu")]
     unsafe {
@@ -36,7 +34,14 @@ fn step_rise(config: TaskConfig, micro_batches: usize) -> f64 {
         shard: 0,
         shards: 1,
     };
-    let mut task = config.build(sampling).unwrap();
+    config.build(sampling).unwrap()
+}
+
+/// The rise of the peak resident memory over one step of `config`'s task in
+/// `micro_batches` passes, after a first step, as a multiple of the parameters' bytes.
+fn step_rise(config: TaskConfig, micro_batches: usize) -> f64 {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut task = build(config);
     task.micro_batches = micro_batches;
     let mut params = task.model.init(3);
     let bytes = std::mem::size_of_val(params.as_slice()) as u64;
@@ -146,18 +151,7 @@ fn a_gpt_step_keeps_no_copy_of_its_token_embedding_beside_its_gradient() {
 #[test]
 fn an_eval_holds_the_parameters_once() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    #[cfg(target_env = "gnu")]
-    // SAFETY: as in `step_rise`.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-    let sampling = PeerSampling {
-        swarm_seed: 3,
-        peer_seed: 1,
-        shard: 0,
-        shards: 1,
-    };
-    let mut task = deep_mlp().build(sampling).unwrap();
+    let mut task = build(deep_mlp());
     let mut params = task.model.init(3);
     let bytes = std::mem::size_of_val(params.as_slice()) as u64;
     // A first eval, so that every lazily built buffer exists before the measured one.
