@@ -16,7 +16,7 @@ use super::quantized::EdgeReferences;
 use super::receipts::Receipts;
 use super::schedule::ExponentialGraph;
 use super::share::{FRESH_REFERENCE, ShareHeader};
-use super::state::PushSumState;
+use super::state::{Debias, PushSumState, f32_from_le};
 
 #[path = "lent.rs"]
 mod lent;
@@ -452,11 +452,13 @@ impl<P: PeerKey> SgpPeer<P> {
     /// cancelled, from its own payload, kept here until then, so that no copy of it is made
     /// when it is sent; any other payload goes back to the spare buffers.
     pub fn delivered(&mut self, now: Time, to: P, seq: u64, payload: Vec<u8>) {
+        if self.phase == Phase::Departed {
+            self.recycle(payload);
+            return;
+        }
         let timeout = self.config.share_timeout();
         let mut payload = Some(payload);
-        if self.phase != Phase::Departed
-            && let Some(entry) = self.ledger.by_seq(to, seq)
-        {
+        if let Some(entry) = self.ledger.by_seq(to, seq) {
             if !entry.written {
                 entry.written = true;
                 entry.deadline = now + timeout;
@@ -467,9 +469,6 @@ impl<P: PeerKey> SgpPeer<P> {
         }
         if let Some(payload) = payload {
             self.recycle(payload);
-        }
-        if self.phase == Phase::Departed {
-            return;
         }
         self.hand_off_what_came_meanwhile(now);
         self.maybe_start_step();
@@ -676,9 +675,9 @@ impl<P: PeerKey> SgpPeer<P> {
         let mut z = vec![0.0; self.state.len()];
         match handed {
             Some(payload) => {
-                let inverse = 1.0 / weight;
+                let debias = Debias::new(weight);
                 for (z, bytes) in z.iter_mut().zip(payload.chunks_exact(4)) {
-                    *z = (f64::from(super::state::f32_from_le(bytes)) * inverse) as f32;
+                    *z = debias.apply(f32_from_le(bytes));
                 }
             }
             // Alone, it keeps its mass.

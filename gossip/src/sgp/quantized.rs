@@ -37,7 +37,7 @@ use crate::PeerKey;
 use super::error::SgpError;
 use super::reference::{REFERENCE_BLOCK, Reference};
 use super::share::{FRESH_REFERENCE, ShareHeader};
-use super::state::{F32_BYTES, PushSumState, f32_from_le};
+use super::state::{Debias, F32_BYTES, PushSumState, f32_from_le};
 
 /// The sender's end of an edge.
 #[derive(Debug)]
@@ -510,7 +510,7 @@ impl PieceCoder {
         payload: &mut Vec<u8>,
     ) -> Option<()> {
         let len = state.len();
-        let inverse = 1.0 / state.weight();
+        let debias = Debias::new(state.weight());
         let numerator = state.numerator();
         payload.clear();
         payload.resize(self.codec.max_encoded_len(len), 0);
@@ -520,7 +520,7 @@ impl PieceCoder {
             reference.read_into(start, piece);
             // z − r, with z rounded to f32 first, as `PushSumState::debiased_into` rounds it.
             for (d, &x) in piece.iter_mut().zip(&numerator[start..end]) {
-                *d = (f64::from(x) * inverse) as f32 - *d;
+                *d = debias.apply(x) - *d;
             }
             if piece.len() == len {
                 // `topk` (or a vector of one piece): the whole vector at once.
@@ -666,14 +666,14 @@ fn reference_from_share(
     reference: &mut Reference,
     coder: &mut PieceCoder,
 ) {
-    let inverse = 1.0 / weight;
+    let debias = Debias::new(weight);
     let len = payload.len() / F32_BYTES;
     for start in (0..len).step_by(coder.piece) {
         let end = (start + coder.piece).min(len);
         let piece = &mut coder.scratch[..end - start];
         let bytes = &payload[start * F32_BYTES..end * F32_BYTES];
         for (r, bytes) in piece.iter_mut().zip(bytes.chunks_exact(F32_BYTES)) {
-            *r = (f64::from(f32_from_le(bytes)) * inverse) as f32;
+            *r = debias.apply(f32_from_le(bytes));
         }
         reference.store(start, piece);
     }

@@ -113,9 +113,9 @@ impl PushSumState {
         if self.weight <= 0.0 {
             return Err(SgpError::NoMass);
         }
-        let inverse = 1.0 / self.weight;
+        let debias = Debias::new(self.weight);
         for (z, &x) in out.iter_mut().zip(&self.numerator) {
-            *z = (f64::from(x) * inverse) as f32;
+            *z = debias.apply(x);
         }
         Ok(())
     }
@@ -131,9 +131,9 @@ impl PushSumState {
         if self.numerator.len() != self.len {
             return Err(SgpError::Lent);
         }
-        let inverse = 1.0 / self.weight;
+        let debias = Debias::new(self.weight);
         for x in &mut self.numerator {
-            *x = (f64::from(*x) * inverse) as f32;
+            *x = debias.apply(*x);
         }
         Ok(std::mem::take(&mut self.numerator))
     }
@@ -275,6 +275,29 @@ pub(crate) fn check_share_weight(weight: f64) -> Result<(), SgpError> {
         Ok(())
     } else {
         Err(SgpError::BadShareWeight { weight })
+    }
+}
+
+/// De-biasing, `z = x / w`, computed the same way wherever a `z` is made (from the
+/// numerator, in place for a lent step, from a hand-off's payload, for an edge's deviation
+/// or reference), so that every one of them agrees bit for bit.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Debias {
+    inverse: f64,
+}
+
+impl Debias {
+    /// De-biasing by the push-sum weight `weight`.
+    pub(crate) fn new(weight: f64) -> Self {
+        Self {
+            inverse: 1.0 / weight,
+        }
+    }
+
+    /// `x / w`, rounded to `f32`.
+    #[inline]
+    pub(crate) fn apply(self, x: f32) -> f32 {
+        (f64::from(x) * self.inverse) as f32
     }
 }
 

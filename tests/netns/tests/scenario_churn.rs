@@ -6,8 +6,8 @@
 //!
 //! On the survivors (peer 0 is never killed): no 10 s without a completed averaging round,
 //! no hung process, resident memory at most 10% above its level after the warm-up, and the
-//! final eval loss within 5% of the churn-free run's after as long (wall time from peer
-//! 0's start; see `churn`'s docs).
+//! final eval loss at most 5% above the churn-free run's after as long (wall time from
+//! peer 0's start; see `churn`'s docs).
 //!
 //! The two soaks pace their steps (200 ms each) and want about one core each, so running
 //! them side by side halves the wall time; each churn run competes with the other mode's

@@ -9,7 +9,7 @@
 //! churn run is ended once peer 0 and the survivors have finished, and the restarted peers
 //! still making up lost steps must then leave on SIGINT within the grace);
 //! resident memory at the end at most 10% above its level after the warm-up (means over
-//! 30 s); and peer 0's final eval loss within 5% of the churn-free run's after as long.
+//! 30 s); and peer 0's final eval loss at most 5% above the churn-free run's after as long.
 //!
 //! *As long* is wall time from peer 0's start: the churn-free run's eval loss when it had
 //! trained as long as the churn run did (interpolated between its evals; its final loss
@@ -20,6 +20,11 @@
 //! (1.73 and 1.82 a second). At 600 steps the churn run had then had 251 rounds against
 //! 350, and its loss 2.7% above the calm run's; the calm run after as long had had 267 and
 //! was 1.4% below it.
+//!
+//! The bound is one-sided: churn may cost at most 5%, and a churn run that ends *below* the
+//! calm run says nothing against churn. It happens when the calm run steps slower over the
+//! same wall time: in one SGP run of the short version on a loaded host the churn run ended
+//! 6.7% below the calm run after as long, and 0.5% above it at equal steps.
 //!
 //! The short version trains two minutes on 6 peers (the MLP task, which leaves the two
 //! cores room); the long one 30 minutes on 8 (the small GPT), in release. Both write
@@ -44,7 +49,7 @@ const MAX_ROUND_GAP_S: f64 = 10.0;
 const GAP_LOG_LINES: usize = 60;
 /// The most resident memory may grow after the warm-up.
 const MAX_RSS_GROWTH: f64 = 0.10;
-/// How far the final eval loss may be from the churn-free run's.
+/// How far the final eval loss may be above the churn-free run's.
 const MAX_LOSS_GAP: f64 = 0.05;
 /// Resident memory levels are means over this long: the first window after the warm-up and
 /// the last before the end. A sample swings ±15% around the level with SGP (buffers of
@@ -586,10 +591,10 @@ impl Report for ChurnReport {
         }
         let gap = MAX_LOSS_GAP;
         match self.loss_ratio() {
-            Some(ratio) if (ratio - 1.0).abs() <= gap => Ok(()),
+            Some(ratio) if ratio <= 1.0 + gap => Ok(()),
             ratio => Err(format!(
                 "final eval loss {:?} with churn after {:?} s against {:?} without after as \
-                 long: ratio {ratio:?}, expected within {:.0}% (at equal steps {:?})",
+                 long: ratio {ratio:?}, expected at most {:.0}% above (at equal steps {:?})",
                 self.churn.final_eval_loss,
                 self.churn.trained_s,
                 self.calm_loss_after_as_long(),
