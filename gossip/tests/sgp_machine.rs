@@ -71,7 +71,8 @@ fn settle(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader, payload: &[u8])
 
 /// The transport reports `header`'s share to `to`, sent as `payload`, written.
 fn written(peer: &mut SgpPeer<u32>, to: u32, header: ShareHeader, payload: &[u8]) {
-    peer.delivered(T0, to, header.seq, payload.to_vec());
+    peer.delivered(T0, to, header.seq, payload.to_vec())
+        .expect("written");
 }
 
 fn receipt(peer: &mut SgpPeer<u32>, from: u32, step: u64, outcome: ShareOutcome) {
@@ -127,7 +128,7 @@ fn overlap_bound_tau_gates_the_next_step_on_own_unconfirmed_shares() {
         starts(&outputs(&mut a)).is_empty(),
         "τ = 0 waits for delivery"
     );
-    a.delivered(T0, to, header.seq, payload);
+    a.delivered(T0, to, header.seq, payload).expect("written");
     assert_eq!(starts(&outputs(&mut a)), [1]);
 
     let mut b = peer(0, 4, &[1.0], SgpConfig::default());
@@ -386,7 +387,8 @@ fn a_share_refused_after_its_delivery_is_taken_back_and_the_next_starts_the_edge
     // A quantized share the transport delivered, to a receiver that restarted meanwhile.
     let (_, second, payload) = step(&mut a);
     assert!(second.reference.is_some());
-    a.delivered(T0, 1, second.seq, payload.clone());
+    a.delivered(T0, 1, second.seq, payload.clone())
+        .expect("written");
     let mut restarted = peer(1, 2, &[0.0; 100], int8_config());
     let input = SgpInput::ShareReceived {
         from: 0,
@@ -467,7 +469,7 @@ fn a_refusal_before_the_delivery_report_takes_the_share_back_once() {
     assert_eq!(a.state().weight(), weight_before + second.weight);
     // The transport's report comes later and changes nothing.
     let state = a.state().clone();
-    a.delivered(T0, 1, second.seq, Vec::new());
+    a.delivered(T0, 1, second.seq, Vec::new()).expect("written");
     assert_eq!(a.state(), &state);
 }
 
@@ -666,6 +668,38 @@ fn a_receiver_out_of_the_view_is_asked_once_back_and_never_answered_for() {
     receipt(&mut a, 1, header.step, ShareOutcome::Cancelled);
     assert_eq!(a.state().weight(), 1.0);
     assert_eq!(a.state().numerator(), [2.0]);
+}
+
+#[test]
+fn a_share_cancelled_before_the_transport_reports_it_is_taken_back_from_its_payload() {
+    let mut a = peer(0, 2, &[2.0], SgpConfig::default());
+    let (to, header, payload) = step(&mut a);
+    // Its receiver is given up before the transport reports the share: the share counts
+    // as written, and is waited for.
+    a.handle(T0, SgpInput::PeerCrashed(to)).expect("crashed");
+    let deadline = a.poll_timeout().expect("waits");
+    a.handle(deadline, SgpInput::Tick).expect("tick");
+    // Back, it is asked, and promises never to apply it, before the transport's report.
+    let back = deadline + Duration::from_millis(1);
+    a.handle(back, SgpInput::PeerJoined(to)).expect("joined");
+    a.handle(back, SgpInput::Tick).expect("tick");
+    assert_eq!(cancels(&outputs(&mut a)), [(to, header.step)]);
+    receipt(&mut a, to, header.step, ShareOutcome::Cancelled);
+    assert_eq!(a.state().weight(), 0.5, "nothing to take it back from yet");
+    assert_eq!(a.shares_in_flight(), 1);
+    // The report brings the payload, and the mass comes back from it, once (after the step
+    // that holds the parameters meanwhile gives them back).
+    let z = a.lend_parameters().expect("the next step started");
+    a.delivered(back, to, header.seq, payload)
+        .expect("kept for the parameters' return");
+    assert_eq!(a.state().weight(), 0.5, "not while the parameters are lent");
+    a.return_parameters(back, z).expect("returned");
+    assert_eq!(a.state().weight(), 1.0);
+    assert_eq!(a.state().numerator(), [2.0]);
+    assert_eq!(a.shares_in_flight(), 0);
+    assert_eq!(a.stats().shares_cancelled, 1);
+    receipt(&mut a, to, header.step, ShareOutcome::Cancelled);
+    assert_eq!(a.state().weight(), 1.0);
 }
 
 #[test]

@@ -14,7 +14,7 @@ use super::supervisor::Limits;
 /// A peer that prints noise, `ready`, five progress lines (peer 0: `PEER0_ROUNDS`), an eval
 /// and `done`; a restarted peer (its folder has a marker) runs a shorter course. `peer-N` folders named in
 /// `SILENT` go quiet after `ready`; those in `STUBBORN` loop until SIGINT; those in `SLOW`
-/// take 0.6 s a step.
+/// take 0.6 s a step; those in `LATE` 0.5 s a step, and 1.2 s for their fourth.
 const FAKE_PEER: &str = r#"
 cfg="$2"
 dir=$(dirname "$cfg")
@@ -33,9 +33,12 @@ case " $STUBBORN " in *" $name "*)
 esac
 pause=0.1
 case " $SLOW " in *" $name "*) pause=0.6 ;; esac
+late=0
+case " $LATE " in *" $name "*) pause=0.5; late=1 ;; esac
 i=1
 while [ $i -le $rounds ]; do
   sleep $pause
+  if [ $late = 1 ] && [ $i = 4 ]; then sleep 0.7; fi
   echo "{\"event\":\"progress\",\"step\":$i,\"samples\":$((i*16)),\"loss\":2.$i,\"samples_per_s\":100.0,\"bytes_sent\":$((i*1000))}"
   i=$((i+1))
 done
@@ -196,6 +199,22 @@ fn a_run_past_its_bound_goes_on_while_its_peers_take_steps() {
         s.notes.iter().any(|n| n.contains("still take steps")),
         "{:?}",
         s.notes
+    );
+}
+
+/// At GPT-2 small's shape on two CPU cores, the step after a butterfly round took over
+/// the 60 s a run past its bound waited for a step, and the run was stopped there. A peer
+/// counts as stepping for three of its longest steps so far.
+#[test]
+fn a_run_past_its_bound_waits_for_a_step_longer_than_the_stall_after_long_steps() {
+    let mut limits = limits();
+    limits.overall = Duration::from_millis(1200);
+    limits.stall = Duration::from_millis(800);
+    let (_tmp, s) = run(2, "LATE='peer-0 peer-1'", false, &limits);
+    assert!(!s.interrupted, "{:?}", s.notes);
+    assert!(
+        s.peer_results.iter().all(|p| p.status == "finished"),
+        "a 1.2 s step after steps of 0.5 s, past a 0.8 s stall: {s:?}"
     );
 }
 

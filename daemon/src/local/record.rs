@@ -91,6 +91,9 @@ pub(crate) struct PeerRecord {
     pub(crate) step: u64,
     /// When (seconds into the run) its step last went up.
     pub(crate) stepped_at: Option<f64>,
+    /// The longest it took between two steps so far, in seconds (a large model's step after
+    /// an averaging round can take twice its others).
+    pub(crate) longest_step_s: f64,
     pub(crate) loss: Option<f64>,
     pub(crate) eval_loss: Option<f64>,
     pub(crate) samples_per_s: f64,
@@ -158,6 +161,9 @@ impl PeerRecord {
                 }
                 self.last_progress = Some((wall_s, p.bytes_sent));
                 if p.step > self.step {
+                    if let Some(at) = self.stepped_at {
+                        self.longest_step_s = self.longest_step_s.max(wall_s - at);
+                    }
                     self.stepped_at = Some(wall_s);
                 }
                 self.step = p.step;

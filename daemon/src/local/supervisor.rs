@@ -44,9 +44,15 @@ pub(crate) struct Limits {
     /// The whole run, as planned: past it the run is stopped unless some peer took a step
     /// within the last `stall` (a large model's steps take longer than the plan's guess).
     pub(crate) overall: Duration,
-    /// How recent a step must be for a run past `overall` to go on.
+    /// How recent a step must be for a run past `overall` to go on: at least this, or
+    /// [`STALL_STEPS`] of the peer's longest step so far.
     pub(crate) stall: Duration,
 }
+
+/// Past the planned bound, a peer counts as still stepping until this many of its longest
+/// step so far have gone by without one (or [`Limits::stall`], if longer). At GPT-2 small's
+/// shape on two CPU cores a step takes 30 s, and the step after a butterfly round over 60 s.
+pub(crate) const STALL_STEPS: f64 = 3.0;
 
 impl Limits {
     /// The bounds of a run: generous, scaled with the steps, the synthetic step time, the
@@ -221,8 +227,8 @@ impl Supervisor<'_> {
         self.records
             .iter()
             .filter(|r| r.outcome.is_none())
-            .filter_map(|r| r.stepped_at)
-            .any(|at| now_s - at < stall)
+            .filter_map(|r| Some((r.stepped_at?, stall.max(STALL_STEPS * r.longest_step_s))))
+            .any(|(at, stall)| now_s - at < stall)
     }
 
     fn all_ended(&self) -> bool {

@@ -444,8 +444,14 @@ impl<P: PeerKey> SgpEngine<P> {
             took,
         });
         if delivered {
-            // An exact share's payload is kept to take it back; any other is recycled.
-            self.machine.delivered(now, to, tag, payload);
+            // An exact share's payload is kept to take it back; any other is recycled. A
+            // share cancelled meanwhile is taken back from it now.
+            if self.machine.delivered(now, to, tag, payload).is_err() {
+                self.event(EngineEvent::Refusal {
+                    peer: to,
+                    fate: RefusalFate::Lost,
+                });
+            }
         } else {
             let header = ShareHeader::from_wire(&share, tag);
             let taken_back = self.machine.handle(

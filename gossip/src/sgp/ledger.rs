@@ -32,6 +32,10 @@ pub(crate) struct Entry<P> {
     pub(crate) deadline: Time,
     /// Cancel requests sent for it so far.
     pub(crate) cancels: u32,
+    /// Its receiver promised never to apply it before the transport reported its payload
+    /// (an exact share marked written when its receiver was given up as crashed): it is
+    /// taken back from the payload the transport reports, written or returned.
+    pub(crate) cancelled: bool,
 }
 
 /// The unsettled shares of one sender, in the order they were sent.
@@ -65,6 +69,28 @@ impl<P: Copy + PartialEq> Ledger<P> {
         self.entries
             .iter_mut()
             .find(|entry| entry.to == to && entry.seq == seq)
+    }
+
+    /// Marks the share of `step` to `to` cancelled by its receiver if it is exact and its
+    /// payload is still with the transport, and says so; it then waits for that payload, at
+    /// most one share timeout from `now` (the transport reports every share, written or
+    /// returned, within its own bounds).
+    pub(crate) fn await_payload(&mut self, to: P, step: u64, deadline: Time) -> bool {
+        let Some(entry) = self
+            .entries
+            .iter_mut()
+            .find(|entry| entry.to == to && entry.step == step)
+        else {
+            return false;
+        };
+        if !entry.exact || entry.kept.is_some() {
+            return false;
+        }
+        if !entry.cancelled {
+            entry.cancelled = true;
+            entry.deadline = deadline;
+        }
+        true
     }
 
     /// Takes the share `seq` to `to` out of the ledger.

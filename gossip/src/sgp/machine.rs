@@ -451,13 +451,23 @@ impl<P: PeerKey> SgpPeer<P> {
     /// An exact share (`f32`: an exact swarm's, or a hand-off) is taken back, should it be
     /// cancelled, from its own payload, kept here until then, so that no copy of it is made
     /// when it is sent; any other payload goes back to the spare buffers.
-    pub fn delivered(&mut self, now: Time, to: P, seq: u64, payload: Vec<u8>) {
+    ///
+    /// A share its receiver cancelled before this report (it was given up as crashed, and
+    /// came back to answer) is taken back now; [`SgpError`] if that fails, its mass lost.
+    pub fn delivered(
+        &mut self,
+        now: Time,
+        to: P,
+        seq: u64,
+        payload: Vec<u8>,
+    ) -> Result<(), SgpError> {
         if self.phase == Phase::Departed {
             self.recycle(payload);
-            return;
+            return Ok(());
         }
         let timeout = self.config.share_timeout();
         let mut payload = Some(payload);
+        let mut cancelled = None;
         if let Some(entry) = self.ledger.by_seq(to, seq) {
             if !entry.written {
                 entry.written = true;
@@ -466,13 +476,29 @@ impl<P: PeerKey> SgpPeer<P> {
             if entry.exact && entry.kept.is_none() {
                 entry.kept = payload.take();
             }
+            if entry.cancelled {
+                cancelled = Some(entry.step);
+            }
         }
         if let Some(payload) = payload {
             self.recycle(payload);
         }
+        if let Some(step) = cancelled {
+            // The receipt again, now that the payload can take the share back (kept for
+            // when the parameters come back, if they are lent).
+            self.handle(
+                now,
+                SgpInput::ReceiptReceived {
+                    from: to,
+                    step,
+                    outcome: ShareOutcome::Cancelled,
+                },
+            )?;
+        }
         self.hand_off_what_came_meanwhile(now);
         self.maybe_start_step();
         self.maybe_depart();
+        Ok(())
     }
 
     /// Feeds one input at time `now`.
@@ -728,6 +754,7 @@ impl<P: PeerKey> SgpPeer<P> {
             written: false,
             deadline: now + self.config.share_timeout(),
             cancels: 0,
+            cancelled: false,
         });
         let header = ShareHeader {
             seq,
@@ -821,6 +848,14 @@ impl<P: PeerKey> SgpPeer<P> {
         step: u64,
         outcome: ShareOutcome,
     ) -> Result<(), SgpError> {
+        if outcome == ShareOutcome::Cancelled
+            && self
+                .ledger
+                .await_payload(from, step, now + self.config.share_timeout())
+        {
+            // Taken back once the transport reports its payload ([`SgpPeer::delivered`]).
+            return Ok(());
+        }
         // A receipt for nothing unsettled (a repeated answer) changes nothing.
         let Some(entry) = self.ledger.remove_step(from, step) else {
             return Ok(());
@@ -860,7 +895,9 @@ impl<P: PeerKey> SgpPeer<P> {
     fn expire(&mut self, now: Time) {
         let mut requeued = 0;
         while let Some(mut entry) = self.ledger.remove_due(now) {
-            if !entry.written {
+            // A share not reported by the transport in time (or cancelled, and its payload
+            // still not reported) is dropped: nothing can take it back.
+            if !entry.written || entry.cancelled {
                 self.stats.shares_timed_out += 1;
                 if let Some(edges) = &mut self.edges {
                     edges.expire(entry.to, entry.seq);

@@ -397,7 +397,9 @@ impl SgpSwarm {
                 else {
                     return Ok(());
                 };
-                machine.delivered(self.now, to, seq, payload);
+                // Taking back a share cancelled before this report cannot fail in the
+                // simulator: the payload is the one the share was sent with.
+                machine.delivered(self.now, to, seq, payload)?;
                 self.pump(from)
             }
             Event::Return { slot } => self.on_return(slot),
