@@ -37,6 +37,7 @@ pub mod sim;
 mod parcel;
 mod peer;
 mod time;
+mod vector16;
 
 pub use parcel::{Parcel, ParcelError};
 pub use peer::PeerKey;

@@ -63,6 +63,7 @@ mod report;
 mod round;
 mod round_io;
 
+pub(crate) use buffers::resident_zeros;
 pub use buffers::{Residuals, RoundBuffers};
 pub use config::{ButterflyConfig, ClipConfig, MAX_GROUP};
 pub use error::ButterflyError;

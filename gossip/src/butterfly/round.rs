@@ -162,8 +162,7 @@ impl<P: PeerKey> ButterflyRound<P> {
         // A lossless codec loses nothing to feed back; the residuals are kept for the
         // next round all the same.
         let feedback = feedback.map(|mut residuals| {
-            residuals.parts.resize(local.len(), 0.0);
-            residuals.averages.resize(local.len(), 0.0);
+            residuals.resize(local.len());
             Feedback {
                 residuals,
                 corrected: Vec::with_capacity(chunk),
@@ -792,7 +791,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             Some(f) => encode_corrected(
                 codec,
                 values,
-                &mut f.residuals.averages[range.clone()],
+                (&mut f.residuals.averages, range.start),
                 &mut f.corrected,
                 buffer,
             ),
@@ -854,7 +853,7 @@ impl<P: PeerKey> ButterflyRound<P> {
                 let len = encode_corrected(
                     &mut self.codec,
                     values,
-                    &mut f.residuals.parts[range],
+                    (&mut f.residuals.parts, range.start),
                     &mut f.corrected,
                     buffer,
                 );

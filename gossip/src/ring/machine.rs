@@ -209,8 +209,7 @@ impl<P: PeerKey> RingAllReduce<P> {
     /// again with the correction. A lossless codec (`f32`) leaves them untouched.
     pub fn with_feedback(mut self, mut residuals: Residuals) -> RingAllReduce<P> {
         let len = self.values.len();
-        residuals.parts.resize(len, 0.0);
-        residuals.averages.resize(len, 0.0);
+        residuals.resize(len);
         if self.codec.spec() == CodecSpec::F32 {
             self.feedback = Some((residuals, Vec::new()));
             return self;
@@ -426,10 +425,11 @@ impl<P: PeerKey> RingAllReduce<P> {
             let len = match &mut self.feedback {
                 Some((residuals, corrected)) if self.codec.spec() != CodecSpec::F32 => {
                     let residual = if step < self.ring.len() - 1 {
-                        &mut residuals.parts[range.clone()]
+                        &mut residuals.parts
                     } else {
-                        &mut residuals.averages[range.clone()]
+                        &mut residuals.averages
                     };
+                    let residual = (residual, range.start);
                     encode_corrected(&mut self.codec, values, residual, corrected, buffer)
                 }
                 _ => self.codec.encode(values, buffer).unwrap_or(0),
