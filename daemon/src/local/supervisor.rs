@@ -341,7 +341,8 @@ impl Supervisor<'_> {
                 self.note(
                     format!(
                         "the run is past its planned {bound:.0} s, but peers still take steps: \
-                         it goes on until none has for {stall} s"
+                         it goes on until none has for {stall} s, or for {STALL_STEPS} of its longest \
+                         steps if longer"
                     ),
                     true,
                 );
