@@ -9,6 +9,8 @@
 //! SGP keeps its edges' references this way (`sgp::reference`), and butterfly and ring
 //! members their error feedback's residuals ([`crate::butterfly::Residuals`]).
 
+use std::ops::Range;
+
 /// Elements that share one scale.
 pub(crate) const BLOCK: usize = 64;
 
@@ -133,22 +135,15 @@ impl Vector16 {
     /// Writes elements `start..start + out.len()` into `out`, from any `start`.
     pub(crate) fn read_range(&self, start: usize, out: &mut [f32]) {
         let mut block = [0.0f32; BLOCK];
-        let mut at = start;
-        let mut out = out;
-        while !out.is_empty() {
-            let first = at - at % BLOCK;
-            let block_end = (first + BLOCK).min(self.len());
-            let take = (block_end - at).min(out.len());
-            let (head, rest) = out.split_at_mut(take);
-            if at == first && take == block_end - first {
-                self.read_into(at, head);
+        for piece in pieces(self.len(), start, out.len()) {
+            let out = &mut out[piece.offset..piece.offset + piece.within.len()];
+            if piece.is_whole() {
+                self.read_into(piece.block.start, out);
             } else {
-                let block = &mut block[..block_end - first];
-                self.read_into(first, block);
-                head.copy_from_slice(&block[at - first..at - first + take]);
+                let block = &mut block[..piece.block.len()];
+                self.read_into(piece.block.start, block);
+                out.copy_from_slice(&block[piece.within]);
             }
-            at += take;
-            out = rest;
         }
     }
 
@@ -157,24 +152,50 @@ impl Vector16 {
     /// elements are rounded again to the block's new scale (within half its step).
     pub(crate) fn store_range(&mut self, start: usize, values: &[f32]) {
         let mut block = [0.0f32; BLOCK];
-        let mut at = start;
-        let mut values = values;
-        while !values.is_empty() {
-            let first = at - at % BLOCK;
-            let block_end = (first + BLOCK).min(self.len());
-            let take = (block_end - at).min(values.len());
-            let (head, rest) = values.split_at(take);
-            if at == first && take == block_end - first {
-                self.store(at, head);
+        for piece in pieces(self.len(), start, values.len()) {
+            let values = &values[piece.offset..piece.offset + piece.within.len()];
+            if piece.is_whole() {
+                self.store(piece.block.start, values);
             } else {
-                let block = &mut block[..block_end - first];
-                self.read_into(first, block);
-                block[at - first..at - first + take].copy_from_slice(head);
-                self.store(first, block);
+                let block = &mut block[..piece.block.len()];
+                self.read_into(piece.block.start, block);
+                block[piece.within].copy_from_slice(values);
+                self.store(piece.block.start, block);
             }
-            at += take;
-            values = rest;
         }
+    }
+}
+
+/// The blocks of a vector of `vector_len` elements that elements `start..start + len` fall
+/// in, one piece each.
+fn pieces(vector_len: usize, start: usize, len: usize) -> impl Iterator<Item = Piece> {
+    let end = start + len;
+    let first_block = start / BLOCK * BLOCK;
+    (first_block..end).step_by(BLOCK).map(move |block_start| {
+        let block = block_start..(block_start + BLOCK).min(vector_len);
+        let from = start.max(block.start);
+        let to = end.min(block.end);
+        Piece {
+            offset: from - start,
+            within: from - block.start..to - block.start,
+            block,
+        }
+    })
+}
+
+/// Part of a range that falls in one block.
+struct Piece {
+    /// The block's elements.
+    block: Range<usize>,
+    /// The range's elements in it, from the block's start.
+    within: Range<usize>,
+    /// Where they are in the range.
+    offset: usize,
+}
+
+impl Piece {
+    fn is_whole(&self) -> bool {
+        self.within.len() == self.block.len()
     }
 }
 
