@@ -72,16 +72,6 @@ impl Residuals {
         }
     }
 
-    /// Elements each vector holds.
-    pub fn len(&self) -> usize {
-        self.parts.len()
-    }
-
-    /// Whether they hold no element.
-    pub fn is_empty(&self) -> bool {
-        self.parts.len() == 0
-    }
-
     /// Sets both to zero, e.g. after the parameters were replaced by a state download.
     pub fn reset(&mut self) {
         self.parts.clear();
@@ -92,11 +82,6 @@ impl Residuals {
     pub(crate) fn resize(&mut self, len: usize) {
         self.parts.resize(len);
         self.averages.resize(len);
-    }
-
-    /// Bytes both vectors take.
-    pub fn bytes(&self) -> usize {
-        self.parts.bytes() + self.averages.bytes()
     }
 }
 
