@@ -107,15 +107,6 @@ impl Vector16 {
 }
 
 impl Vector16 {
-    /// `len` zeros whose pages are resident now (see
-    /// [`RoundBuffers::resident`](crate::butterfly::RoundBuffers::resident)).
-    pub(crate) fn resident_zeros(len: usize) -> Vector16 {
-        Vector16 {
-            steps: crate::butterfly::resident_zeros(len),
-            scales: crate::butterfly::resident_zeros(len.div_ceil(BLOCK)),
-        }
-    }
-
     /// Where its steps live, for tests that check no round moves it.
     #[cfg(test)]
     pub(crate) fn address(&self) -> usize {

@@ -2,7 +2,9 @@
 //! A butterfly member that computes nothing while it averages keeps its gradient, its
 //! contribution and its round's result in two whole vectors, not four (the gradient's buffer
 //! becomes the accumulation and then the contribution; the idle gradient buffer takes the
-//! result). A sync-ring member keeps no copy of its contribution for a ring that fails.
+//! result). A member that steps more than once a round keeps its round's sums in its idle
+//! gradient buffer. A sync-ring member keeps no copy of its contribution for a ring that
+//! fails.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +22,8 @@ struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Allocations of exactly one member's part of the vector (a round's sums), ever made.
+static PARTS: AtomicUsize = AtomicUsize::new(0);
 
 fn whole(size: usize) -> bool {
     size == LEN * std::mem::size_of::<f32>()
@@ -29,6 +33,9 @@ fn counted(size: usize) {
     if whole(size) {
         let live = LIVE.fetch_add(1, Ordering::Relaxed) + 1;
         PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+    if size == LEN / PEERS * std::mem::size_of::<f32>() {
+        PARTS.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -75,6 +82,11 @@ const LEN: usize = 1 << 18;
 /// Runs four peers in `mode` for three simulated seconds; returns the most whole vectors
 /// held at once, over all peers.
 fn peak_vectors(mode: ModeSettings) -> usize {
+    peak_vectors_and_parts(mode).0
+}
+
+/// [`peak_vectors`], and the part-sized allocations made meanwhile.
+fn peak_vectors_and_parts(mode: ModeSettings) -> (usize, usize) {
     let mut scenario = Scenario::new(PEERS, LEN, 100);
     scenario.seed = 5;
     scenario.workload = Workload::Quadratic { learning_rate: 0.1 };
@@ -101,6 +113,7 @@ fn peak_vectors(mode: ModeSettings) -> usize {
         unreachable: Vec::new(),
     };
     let before = LIVE.load(Ordering::Relaxed);
+    let parts_before = PARTS.load(Ordering::Relaxed);
     let mut swarm = EngineSwarm::new(&scenario, config).expect("the swarm starts");
     swarm
         .run_until(Time::from_secs_f64(3.0))
@@ -114,7 +127,10 @@ fn peak_vectors(mode: ModeSettings) -> usize {
             .all(|(_, r)| r.group_size == PEERS),
         "every round averages the whole swarm"
     );
-    PEAK.load(Ordering::Relaxed) - before
+    (
+        PEAK.load(Ordering::Relaxed) - before,
+        PARTS.load(Ordering::Relaxed) - parts_before,
+    )
 }
 
 fn matchmaking() -> ButterflyConfig {
@@ -139,6 +155,27 @@ fn a_member_that_computes_nothing_while_it_averages_holds_two_vectors_for_its_ro
     assert!(
         peak <= PEERS * 5,
         "{peak} whole vectors for {PEERS} peers: a round holds more than two"
+    );
+}
+
+/// A member that takes two steps towards each round holds a gradient buffer the trainer
+/// does not use while the round runs; the round keeps its sums there, so no member ever
+/// allocates memory for its part's sums, and none holds more whole vectors for it. Before
+/// the sums went into the idle buffer: one part-sized allocation per peer, kept between
+/// rounds beside the three vectors.
+#[test]
+fn a_member_that_steps_twice_a_round_keeps_its_sums_in_its_idle_gradient_buffer() {
+    let (peak, parts) = peak_vectors_and_parts(ModeSettings::Butterfly {
+        target_batch: 2 * PEERS as u64 * 32,
+        butterfly: matchmaking(),
+    });
+    eprintln!("at most {peak} whole vectors at once, {parts} part-sized allocations");
+    assert_eq!(parts, 0, "{parts} allocations of a part's sums");
+    // Each peer: its parameters and the simulator's two (3), the accumulation, and the
+    // gradient buffer, which holds the sums while the round runs (2).
+    assert!(
+        peak <= PEERS * 5,
+        "{peak} whole vectors for {PEERS} peers: the sums took one of their own"
     );
 }
 

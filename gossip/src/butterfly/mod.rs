@@ -63,7 +63,6 @@ mod report;
 mod round;
 mod round_io;
 
-pub(crate) use buffers::resident_zeros;
 pub use buffers::{Residuals, RoundBuffers};
 pub use config::{ButterflyConfig, ClipConfig, MAX_GROUP};
 pub use error::ButterflyError;

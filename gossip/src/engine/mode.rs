@@ -85,7 +85,7 @@ impl ModeSettings {
             ModeSettings::Sgp(_) | ModeSettings::Solo => return Ok(RoundBuffers::default()),
             ModeSettings::SyncRing { .. } => {
                 return Ok(RoundBuffers {
-                    feedback: setup.error_feedback.then(|| Residuals::resident(len)),
+                    feedback: setup.error_feedback.then(|| Residuals::zeros(len)),
                     ..RoundBuffers::default()
                 });
             }

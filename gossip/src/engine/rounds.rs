@@ -387,7 +387,7 @@ impl<P: PeerKey> RoundEngine<P> {
                 self.samples += samples;
                 self.local_step += 1;
                 self.params = Some(params);
-                self.grad = Some(spare);
+                self.keep_gradient_buffer(spare);
             }
             WorkDone::Stepped {
                 params,
@@ -483,6 +483,45 @@ impl<P: PeerKey> RoundEngine<P> {
             self.spare.local = vector;
         } else if self.grad.as_ref().is_none_or(|g| g.capacity() < self.len) {
             self.grad = Some(vector);
+        }
+    }
+
+    /// Keeps `buffer` for the trainer's next gradient, unless the one kept already is at
+    /// least as large; the smaller is dropped.
+    fn keep_gradient_buffer(&mut self, buffer: Vec<f32>) {
+        if self
+            .grad
+            .as_ref()
+            .is_none_or(|g| g.capacity() < buffer.capacity())
+        {
+            self.grad = Some(buffer);
+        }
+    }
+
+    /// Without overlap the trainer computes nothing while a round runs, so the gradient
+    /// buffer the engine keeps for its next step is idle until the round's update is
+    /// applied: the round keeps its sums there (a reduction overwrites the memory it is
+    /// given), and the memory kept for the sums is let go. Between rounds a member then
+    /// holds the parameters, the accumulation and one gradient buffer, with no sums'
+    /// memory beside them: half the parameters' bytes less in a group of two. The buffer
+    /// comes back as the round's sums ([`RoundEngine::take_back_sums`]).
+    fn lend_gradient_buffer(&mut self, sum: &mut Vec<f32>) {
+        if self.settings.overlap {
+            return;
+        }
+        if let Some(grad) = self.grad.take_if(|g| g.capacity() >= self.len) {
+            *sum = grad;
+        }
+    }
+
+    /// A round's sums' memory, once the round is done with it: a lent gradient buffer
+    /// (whole-vector capacity) goes back to be one, any other is kept for the next round's
+    /// sums if larger than what is kept.
+    fn take_back_sums(&mut self, sum: Vec<f32>) {
+        if sum.capacity() >= self.len {
+            self.keep_gradient_buffer(sum);
+        } else if self.spare.sum.capacity() < sum.capacity() {
+            self.spare.sum = sum;
         }
     }
 
@@ -809,6 +848,7 @@ impl<P: PeerKey> RoundEngine<P> {
             _ => {
                 // The round averages the contribution in place: it becomes the result.
                 buffers.local = local;
+                self.lend_gradient_buffer(&mut buffers.sum);
                 Collective::butterfly(
                     self.me,
                     group,
@@ -905,7 +945,9 @@ impl<P: PeerKey> RoundEngine<P> {
                 }
                 self.outputs
                     .push_back(EngineOutput::Event(EngineEvent::Round(report)));
+                let sum = std::mem::take(&mut buffers.sum);
                 self.spare = buffers;
+                self.take_back_sums(sum);
                 self.result = Some(result);
                 self.phase = Phase::Applying;
                 self.draining.push(collective);
@@ -931,9 +973,7 @@ impl<P: PeerKey> RoundEngine<P> {
                 if self.spare.averages.capacity() < averages.capacity() {
                     self.spare.averages = averages;
                 }
-                if self.spare.sum.capacity() < sum.capacity() {
-                    self.spare.sum = sum;
-                }
+                self.take_back_sums(sum);
                 let outputs = &mut self.outputs;
                 let spares = &mut self.spares;
                 self.early.ended(group, &mut |p: Parcel<P>| {
