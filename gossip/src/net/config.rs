@@ -179,9 +179,10 @@ impl Default for NetConfig {
             control_capacity: 64,
             max_frame_payload: FrameLimits::DEFAULT_MAX_PAYLOAD,
             max_control_payload: 64 * 1024,
-            // libp2p-quic's own defaults: room for 1 Gbit/s over a 100 ms round trip.
-            quic_stream_receive_window: 10_000_000,
-            quic_connection_receive_window: 15_000_000,
+            // 320 Mbit/s per connection over a 100 ms round trip (libp2p-quic's own
+            // defaults, 10 and 15 MB, allow 1 Gbit/s): see `docs/config.md`.
+            quic_stream_receive_window: 4_000_000,
+            quic_connection_receive_window: 4_000_000,
             max_upload_bytes_per_s: 0,
             max_download_bytes_per_s: 0,
             reachability_probe_interval_ms: 30_000,

@@ -71,7 +71,7 @@
 //! | heartbeat age | `net.max_heartbeat_age_ms` either way from this node's clock; the last time of 4 × `net.max_connections` signers is kept for replays |
 //! | verified invites remembered for relayed heartbeats | 4 × `net.max_connections`; expired ones dropped first, then the oldest verification |
 //! | warnings about refused gossip | one per 30 s; the rest at debug |
-//! | memory per slow receiver | `net.quic_stream_receive_window` (10 MB) and one frame |
+//! | memory per slow receiver | `net.quic_connection_receive_window` (4 MB) and one frame |
 //! | messages read and not yet taken by the averaging loop | 256 parcels and 4 MiB of payloads, every stream's together; idle payload buffers kept, 4 MiB |
 //!
 //! Bad bytes from a peer close that peer's stream (or connection) with a log line and a
