@@ -4,10 +4,10 @@
 //! weight (a joiner brings none).
 //!
 //! The receiver is frozen (SIGSTOP) while its neighbour trains. The neighbour's next share
-//! (6.4 MB of exact `f32`, within QUIC's flow-control window, far beyond a UDP socket's
-//! buffer) is written into its connection, which its neighbour then closes as silent: the
-//! bytes never reach the frozen process. Counted as delivered when written, that share's
-//! mass would be lost; with receipts the sender takes it back.
+//! (6.4 MB of exact `f32`, within the QUIC flow-control windows the test sets, far beyond a
+//! UDP socket's buffer) is written into its connection, which its neighbour then closes as
+//! silent: the bytes never reach the frozen process. Counted as delivered when written, that
+//! share's mass would be lost; with receipts the sender takes it back.
 //!
 //! A joiner stopped before any share reached it holds no mass and no parameters of the
 //! swarm: it leaves cleanly, as stopped, and takes nothing from the founder.
@@ -33,6 +33,11 @@ const GIVEN_BACK: &str = "a share the transport could not write, taken back";
 /// round trip, and two progress lines.
 const SETTLE: Duration = Duration::from_secs(6);
 
+/// QUIC flow-control credit each way, a stream's and a connection's: room for a whole
+/// share (the default, 4 MB, holds back its last 2.4 MB, so the share is never written
+/// whole and always comes back from the transport instead).
+const WINDOW: u64 = 10_000_000;
+
 fn settings(bootstrap: Vec<String>) -> PeerSettings {
     PeerSettings {
         bootstrap,
@@ -40,6 +45,10 @@ fn settings(bootstrap: Vec<String>) -> PeerSettings {
         // 1.6M parameters: a 6.4 MB share.
         model_width: Some(256),
         eval_every_steps: 1_000,
+        net_keys: vec![
+            ("quic_stream_receive_window", WINDOW),
+            ("quic_connection_receive_window", WINDOW),
+        ],
         ..PeerSettings::default()
     }
 }

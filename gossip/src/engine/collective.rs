@@ -209,6 +209,16 @@ impl<P: PeerKey> Collective<P> {
         &self.members
     }
 
+    /// The round it averages for.
+    pub(crate) fn round(&self) -> u64 {
+        self.round
+    }
+
+    /// When its group began, on this member.
+    pub(crate) fn started(&self) -> Time {
+        self.started
+    }
+
     /// Whether this member's result is complete (or the round gave up at its bound).
     pub(crate) fn is_finished(&self) -> bool {
         self.ending.is_some()

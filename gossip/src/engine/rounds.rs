@@ -1287,7 +1287,30 @@ impl<P: PeerKey> RoundEngine<P> {
                 .is_some_and(|beat| self.gathering().missed_a_step(peer, beat))
     }
 
-    /// A member of the running round that went quiet ([`Self::gone_quiet`]) is not
+    /// Whether `peer`, a member of `collective`, is not in it: its heartbeat, heard a whole
+    /// interval after the group began here, says it is still looking for a group of that
+    /// round. It never began this group (its `GroupBegin` reached a process that was still
+    /// joining the swarm, say) and will not send its chunks; it heartbeats on, so it never
+    /// goes quiet, and the round would wait the chunk timeout for it. A member that began the
+    /// group stops looking at once and announces it; a heartbeat it sent before that would
+    /// have to take a whole interval to arrive to be taken for this.
+    fn looking_elsewhere(&self, peer: &P, now: Time, collective: &Collective<P>) -> bool {
+        let (Some(beat), Some(quiet)) = (
+            self.membership.news(peer),
+            self.membership.quiet_for(peer, now),
+        ) else {
+            return false;
+        };
+        let heard_after_begin = now
+            .saturating_since(collective.started())
+            .saturating_sub(quiet);
+        beat.looking
+            .is_some_and(|looking| looking.round == collective.round())
+            && heard_after_begin >= self.membership.interval()
+    }
+
+    /// A member of the running round that went quiet ([`Self::gone_quiet`]), or that is
+    /// still looking for a group of its round ([`Self::looking_elsewhere`]), is not
     /// waited for in it (its part keeps local values where its averages had not come, its
     /// contribution is left out), before the membership gives it up: a crashed member
     /// costs the round that much, not the sender and reducer timeouts. It is still sent its
@@ -1297,22 +1320,38 @@ impl<P: PeerKey> RoundEngine<P> {
         let Some(collective) = &self.collective else {
             return Ok(());
         };
-        let newly: Vec<P> = collective
+        let newly: Vec<(P, bool)> = collective
             .members()
             .iter()
             .copied()
             .filter(|member| *member != self.me && !self.quiet_in_round.contains(member))
-            .filter(|member| self.gone_quiet(member, now))
+            .filter_map(|member| {
+                if self.gone_quiet(&member, now) {
+                    Some((member, false))
+                } else if self.looking_elsewhere(&member, now, collective) {
+                    Some((member, true))
+                } else {
+                    None
+                }
+            })
             .collect();
         let Some(collective) = &mut self.collective else {
             return Ok(());
         };
-        for member in newly {
-            tracing::debug!(
-                ?member,
-                round = self.round,
-                "not waiting for a quiet member"
-            );
+        for (member, elsewhere) in newly {
+            if elsewhere {
+                tracing::info!(
+                    ?member,
+                    round = self.round,
+                    "a member of this round is still looking for a group of it: not waited for"
+                );
+            } else {
+                tracing::debug!(
+                    ?member,
+                    round = self.round,
+                    "not waiting for a quiet member"
+                );
+            }
             self.quiet_in_round.insert(member);
             collective.member_quiet(now, member)?;
         }
