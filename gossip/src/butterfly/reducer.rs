@@ -91,6 +91,10 @@ impl Reduction {
         if clip.is_some() {
             sum.clear();
         } else {
+            // Grown to the part, not doubled: memory kept from a smaller part would
+            // otherwise reach the whole vector's capacity, which the engine takes for its
+            // gradient buffer lent to the round (`RoundEngine::take_back_sums`).
+            sum.reserve_exact(layout.len().saturating_sub(sum.len()));
             sum.resize(layout.len(), 0.0);
         }
         Reduction {
@@ -409,4 +413,27 @@ pub(crate) fn squared_distance(a: &[f32], b: &[f32]) -> f64 {
         .zip(b)
         .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A part larger than the memory kept for its sums grows that memory to the part's
+    /// length. Grown the amortized way it doubled: sums kept from a part of half the vector
+    /// reached the whole vector's capacity, which the engine takes for a gradient buffer it
+    /// lent (`RoundEngine::take_back_sums`). Fails at 1000 with `resize` alone.
+    #[test]
+    fn sums_grow_to_the_part_and_no_further() {
+        let kept = Vec::with_capacity(500);
+        let reduction = Reduction::new(
+            ChunkLayout::new(0..600, 100),
+            2,
+            None,
+            f32::MAX,
+            Time::ZERO,
+            kept,
+        );
+        assert_eq!(reduction.into_sum().capacity(), 600);
+    }
 }

@@ -163,6 +163,9 @@ pub struct RoundEngine<P> {
     feedback_aside: Option<Residuals>,
     /// Vector memory for the next round.
     spare: RoundBuffers,
+    /// Gradient buffers lent to rounds as their sums and not yet back
+    /// ([`RoundEngine::lend_gradient_buffer`]).
+    sums_lent: usize,
     early: Early<P>,
     spares: Spares,
     next_tag: u64,
@@ -246,6 +249,7 @@ impl<P: PeerKey> RoundEngine<P> {
             params_taken: None,
             feedback_aside: None,
             spare,
+            sums_lent: 0,
             early: Early::default(),
             spares: Spares::default(),
             next_tag: 0,
@@ -511,14 +515,16 @@ impl<P: PeerKey> RoundEngine<P> {
         }
         if let Some(grad) = self.grad.take_if(|g| g.capacity() >= self.len) {
             *sum = grad;
+            self.sums_lent += 1;
         }
     }
 
     /// A round's sums' memory, once the round is done with it: a lent gradient buffer
-    /// (whole-vector capacity) goes back to be one, any other is kept for the next round's
-    /// sums if larger than what is kept.
+    /// (whole-vector capacity, while one is lent) goes back to be one, any other is kept for
+    /// the next round's sums if larger than what is kept.
     fn take_back_sums(&mut self, sum: Vec<f32>) {
-        if sum.capacity() >= self.len {
+        if self.sums_lent > 0 && sum.capacity() >= self.len {
+            self.sums_lent -= 1;
             self.keep_gradient_buffer(sum);
         } else if self.spare.sum.capacity() < sum.capacity() {
             self.spare.sum = sum;
