@@ -55,6 +55,13 @@ use super::{
 /// most likely crashed. The membership gives it up later ([`super::SILENCE_INTERVALS`]).
 pub const QUIET_INTERVALS: f64 = 1.25;
 
+/// Heartbeat intervals after its group began from which a member heard still looking for
+/// a group of the round is taken for not in it ([`RoundEngine`]'s `looking_elsewhere`).
+pub const LOOKING_ELSEWHERE_INTERVALS: f64 = 3.0;
+/// The least time after its group began from which a member heard still looking for a
+/// group of the round is taken for not in it.
+pub const LOOKING_ELSEWHERE_MIN: Duration = Duration::from_secs(2);
+
 /// When a round is due and what it averages.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RoundPolicy {
@@ -1293,13 +1300,16 @@ impl<P: PeerKey> RoundEngine<P> {
                 .is_some_and(|beat| self.gathering().missed_a_step(peer, beat))
     }
 
-    /// Whether `peer`, a member of `collective`, is not in it: its heartbeat, heard a whole
-    /// interval after the group began here, says it is still looking for a group of that
-    /// round. It never began this group (its `GroupBegin` reached a process that was still
-    /// joining the swarm, say) and will not send its chunks; it heartbeats on, so it never
-    /// goes quiet, and the round would wait the chunk timeout for it. A member that began the
-    /// group stops looking at once and announces it; a heartbeat it sent before that would
-    /// have to take a whole interval to arrive to be taken for this.
+    /// Whether `peer`, a member of `collective`, is not in it: its heartbeat, heard
+    /// [`LOOKING_ELSEWHERE_INTERVALS`] intervals (at least [`LOOKING_ELSEWHERE_MIN`]) after
+    /// the group began here, says it is still looking for a group of that round. It never
+    /// began this group (its `GroupBegin` reached a process that was still joining the
+    /// swarm, say) and will not send its chunks; it heartbeats on, so it never goes quiet,
+    /// and the round would wait the chunk timeout for it. A member that began the group
+    /// stops looking as soon as its engine takes the `GroupBegin`, and its heartbeats say so
+    /// from then on; the bound leaves a busy member's engine that long to take it (with
+    /// 100 ms heartbeats, one interval was too short: a member left out of its own group
+    /// kept local values where the others averaged).
     fn looking_elsewhere(&self, peer: &P, now: Time, collective: &Collective<P>) -> bool {
         let (Some(beat), Some(quiet)) = (
             self.membership.news(peer),
@@ -1310,9 +1320,14 @@ impl<P: PeerKey> RoundEngine<P> {
         let heard_after_begin = now
             .saturating_since(collective.started())
             .saturating_sub(quiet);
+        let bound = self
+            .membership
+            .interval()
+            .mul_f64(LOOKING_ELSEWHERE_INTERVALS)
+            .max(LOOKING_ELSEWHERE_MIN);
         beat.looking
             .is_some_and(|looking| looking.round == collective.round())
-            && heard_after_begin >= self.membership.interval()
+            && heard_after_begin >= bound
     }
 
     /// A member of the running round that went quiet ([`Self::gone_quiet`]), or that is
