@@ -171,7 +171,7 @@ impl RoundBuffers {
 /// zero pages that are faulted in only when first written, so one write per page does it
 /// now. The value written passes through `black_box`, so the write is not dropped as one of
 /// what the memory already holds.
-pub(crate) fn resident_zeros<T: Copy + Default>(len: usize) -> Vec<T> {
+fn resident_zeros<T: Copy + Default>(len: usize) -> Vec<T> {
     const PAGE_BYTES: usize = 4096;
     let mut values = vec![T::default(); len];
     let stride = (PAGE_BYTES / std::mem::size_of::<T>().max(1)).max(1);
