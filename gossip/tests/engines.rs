@@ -180,6 +180,18 @@ fn sync_ring_and_local_sgd_train_to_the_optimum_too() {
             !swarm.round_reports().is_empty(),
             "{name}: no round finished"
         );
+        // Error feedback is on: every round's sends carry what int8 lost into the next.
+        let carried: Vec<_> = swarm
+            .round_reports()
+            .iter()
+            .map(|(_, r)| r.feedback_carried)
+            .collect();
+        assert!(
+            carried
+                .iter()
+                .all(|c| c.is_some_and(|c| c > 0.0 && c < 0.05)),
+            "{name}: {carried:?}"
+        );
         assert!(
             after < 0.05 * solo,
             "{name}: error {after:.4}, alone {solo:.3}"

@@ -164,6 +164,7 @@ struct Inner {
     parts_timed_out: [IntCounter; MODES],
     push_sum_weight: Gauge,
     consensus_drift: Gauge,
+    feedback_carried: [Gauge; MODES],
     refusals: [IntCounter; 4],
     weights_capped: IntCounter,
     contributions_rejected: IntCounter,
@@ -215,6 +216,12 @@ impl AveragingMetrics {
         let help = "Relative L2 distance between this peer's parameters and the last average \
                     it saw.";
         let consensus_drift = named(name, Gauge::new(name, help))?;
+        let name = "murmur_averaging_feedback_carried_ratio";
+        let help = "With averaging.error_feedback and a lossy codec, the fraction of what this \
+                    peer sent in its last round that the codec lost and error feedback \
+                    carries into the next (the residuals' L2 norm over the sent values'); 0 \
+                    when nothing is carried.";
+        let feedback_carried = named(name, GaugeVec::new(Opts::new(name, help), &by_mode))?;
         let name = "murmur_averaging_share_refusals_total";
         let help = "Push-sum shares refused for a reference the receiver did not hold (SGP): \
                     refused here, or sent from here and taken back or lost.";
@@ -250,6 +257,7 @@ impl AveragingMetrics {
             parts_timed_out: modes.map(|m| parts_timed_out.with_label_values(&[m])),
             push_sum_weight,
             consensus_drift,
+            feedback_carried: modes.map(|m| feedback_carried.with_label_values(&[m])),
             refusals: Refusal::ALL.map(|r| refusals.with_label_values(&[r.name()])),
             weights_capped,
             contributions_rejected,
@@ -265,6 +273,7 @@ impl AveragingMetrics {
         register(registry, parts_timed_out)?;
         register(registry, inner.push_sum_weight.clone())?;
         register(registry, inner.consensus_drift.clone())?;
+        register(registry, feedback_carried)?;
         register(registry, refusals)?;
         register(registry, inner.weights_capped.clone())?;
         register(registry, inner.contributions_rejected.clone())?;
@@ -343,6 +352,15 @@ impl AveragingMetrics {
             None => {
                 let _ = m.slow_peers.remove_label_values::<&str>(&[]);
             }
+        }
+    }
+
+    /// What error feedback carries from this peer's last round of `mode` into its next:
+    /// the residuals' norm over the sent values' (`None`: nothing, it is off or the codec
+    /// is lossless).
+    pub(crate) fn set_feedback_carried(&self, mode: AveragingMode, carried: Option<f64>) {
+        if let Some(m) = &self.inner {
+            m.feedback_carried[mode_index(mode)].set(carried.unwrap_or(0.0));
         }
     }
 
@@ -488,6 +506,8 @@ mod tests {
         let m = AveragingMetrics::register(&registry).expect("registers");
         m.set_push_sum_weight(0.125);
         m.set_consensus_drift(0.03);
+        m.set_feedback_carried(AveragingMode::Butterfly, Some(0.004));
+        m.set_feedback_carried(AveragingMode::SyncRing, None);
         m.count_refusal(Refusal::TakenBack);
         m.count_refusal(Refusal::TakenBack);
         m.count_refusal(Refusal::Lost);
@@ -510,5 +530,10 @@ mod tests {
             text.contains("murmur_averaging_consensus_drift 0.03\n"),
             "{text}"
         );
+        for (mode, carried) in [("butterfly", "0.004"), ("sync-ring", "0"), ("sgp", "0")] {
+            let line =
+                format!("murmur_averaging_feedback_carried_ratio{{mode=\"{mode}\"}} {carried}\n");
+            assert!(text.contains(&line), "{line}{text}");
+        }
     }
 }

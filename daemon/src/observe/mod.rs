@@ -43,6 +43,7 @@
 //! | `murmur_averaging_group_size` | gauge | mode | peers whose contribution entered the last round, this one included |
 //! | `murmur_averaging_push_sum_weight` | gauge | | this peer's push-sum weight `w` (SGP) |
 //! | `murmur_averaging_consensus_drift` | gauge | | relative L2 distance `‖x − x̄‖ / ‖x̄‖` between this peer's parameters and the last average it saw |
+//! | `murmur_averaging_feedback_carried_ratio` | gauge | mode | with `averaging.error_feedback` and a lossy codec: the fraction of what this peer sent in its last round that the codec lost and error feedback carries into the next (`‖r‖ / ‖x + r‖` over its sends); 0 when nothing is carried (feedback off, `f32`, SGP) |
 //! | `murmur_averaging_stragglers_dropped_total` | counter | mode | group members dropped from a round for not sending in time |
 //! | `murmur_averaging_parts_timed_out_total` | counter | mode | parts whose reducer did not answer in time (kept local values) |
 //! | `murmur_averaging_step_rate_ratio` | gauge | | SGP: this peer's step rate over the median of its peers', from their heartbeat steps over 30 s; absent until known |

@@ -357,6 +357,9 @@ impl Peer {
         self.metrics
             .averaging
             .count_defences(report.weights_capped, report.contributions_rejected);
+        self.metrics
+            .averaging
+            .set_feedback_carried(summary.mode, report.feedback_carried);
         self.board.record_round(&summary);
         self.counters.rounds += 1;
         self.progress.round(report);

@@ -215,6 +215,7 @@ impl Progress {
             "averaged": if round.parameters { "parameters" } else { "gradients" },
             "weights_capped": round.weights_capped,
             "contributions_rejected": round.contributions_rejected,
+            "feedback_carried": round.feedback_carried,
         }));
     }
 
@@ -234,6 +235,7 @@ impl Progress {
             "drift": null,
             "weights_capped": 0,
             "contributions_rejected": 0,
+            "feedback_carried": null,
         }));
     }
 

@@ -76,15 +76,48 @@ impl Residuals {
     }
 }
 
+/// What error feedback carried in one round's sends: the squared L2 norms of the values
+/// encoded (each chunk with the residual before it added) and of what their encoding lost,
+/// which the next round's sends of the same elements add back.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FeedbackTally {
+    /// `Σ (x + r)²` over the elements encoded with error feedback.
+    pub encoded_squared: f64,
+    /// `Σ r'²`, the residuals left for the next round.
+    pub carried_squared: f64,
+}
+
+impl FeedbackTally {
+    /// `‖carried‖ / ‖encoded‖`: the fraction of what this member sent that its codec lost
+    /// and error feedback carries into the next round; `None` when nothing was encoded
+    /// with feedback (it is off, the codec is lossless, or nothing was sent).
+    pub fn carried_ratio(&self) -> Option<f64> {
+        (self.encoded_squared > 0.0).then(|| (self.carried_squared / self.encoded_squared).sqrt())
+    }
+}
+
+/// `Σ x²`, accumulated in `f32` lanes a chunk at a time and summed in `f64`.
+fn squared_norm(values: &[f32]) -> f64 {
+    let mut lanes = [0f32; 8];
+    let mut blocks = values.chunks_exact(8);
+    for block in &mut blocks {
+        for (lane, x) in lanes.iter_mut().zip(block) {
+            *lane += x * x;
+        }
+    }
+    let tail: f32 = blocks.remainder().iter().map(|x| x * x).sum();
+    lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail)
+}
+
 /// Encodes `values + residual` into `buffer` and sets `residual` to what the encoding lost;
 /// returns the bytes written (0, with the residual unchanged, if the encoding failed; see
 /// `ButterflyRound`'s plain encoding). The residual is elements `start..` of `residuals`;
-/// `corrected` is scratch space.
+/// `corrected` is scratch space. `tally` counts what was encoded and what was carried.
 pub(crate) fn encode_corrected(
     codec: &mut Codec,
     values: &[f32],
     (residuals, start): (&mut Vector16, usize),
-    corrected: &mut Vec<f32>,
+    (corrected, tally): (&mut Vec<f32>, &mut FeedbackTally),
     buffer: &mut [u8],
 ) -> usize {
     corrected.clear();
@@ -96,6 +129,7 @@ pub(crate) fn encode_corrected(
     let Ok(len) = codec.encode(corrected, buffer) else {
         return 0;
     };
+    tally.encoded_squared += squared_norm(corrected);
     // residual = corrected − decode(encoded): the decoder adds −1 × decoded in place.
     if codec
         .decode_accumulate(&buffer[..len], -1.0, corrected)
@@ -103,6 +137,7 @@ pub(crate) fn encode_corrected(
     {
         corrected.fill(0.0);
     }
+    tally.carried_squared += squared_norm(corrected);
     residuals.store_range(start, corrected);
     len
 }
@@ -422,6 +457,10 @@ mod tests {
                 let mut rounds = start(n, buffers);
                 exchange(&mut rounds, |_, _, _| true);
                 assert!(rounds.iter().all(ButterflyRound::is_finished));
+                // What each round's sends lost and carry on: about 2⁻⁸ of what they sent.
+                let carried = rounds[0].feedback_tally().carried_ratio();
+                assert_eq!(carried.is_some(), feedback, "{carried:?}");
+                assert!(carried.is_none_or(|c| c > 1e-4 && c < 0.05), "{carried:?}");
                 for (s, &r) in sum.iter_mut().zip(rounds[0].result()) {
                     *s += f64::from(r);
                 }
@@ -449,6 +488,20 @@ mod tests {
             with < 0.5 * without,
             "error of the mean over {ROUNDS} rounds: {with:e} with feedback, {without:e} without"
         );
+    }
+
+    /// The lanes and the tail add up to the plain sum of squares, at every length.
+    #[test]
+    fn squared_norm_is_the_sum_of_squares() {
+        for len in 0..40 {
+            let values: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let plain: f64 = values.iter().map(|&x| f64::from(x * x)).sum();
+            let lanes = super::squared_norm(&values);
+            assert!(
+                (lanes - plain).abs() <= 1e-9 * plain.max(1.0),
+                "{len}: {lanes} {plain}"
+            );
+        }
     }
 
     /// With `f32` a member sends its part's averages from its sums, where they are kept

@@ -63,7 +63,7 @@ mod report;
 mod round;
 mod round_io;
 
-pub use buffers::{Residuals, RoundBuffers};
+pub use buffers::{FeedbackTally, Residuals, RoundBuffers};
 pub use config::{ButterflyConfig, ClipConfig, MAX_GROUP};
 pub use error::ButterflyError;
 pub use group::Group;

@@ -8,7 +8,7 @@ use murmur_protocol::message::ChunkAddress;
 
 use crate::{PeerKey, Time};
 
-use super::buffers::{Residuals, RoundBuffers, encode_corrected};
+use super::buffers::{FeedbackTally, Residuals, RoundBuffers, encode_corrected};
 use super::config::ButterflyConfig;
 use super::error::ButterflyError;
 use super::finite::first_non_finite;
@@ -96,6 +96,8 @@ pub struct ButterflyRound<P> {
     stats: RoundStats,
     /// Error feedback, when on and the codec is lossy.
     feedback: Option<Feedback>,
+    /// What this round's sends encoded with error feedback, and what they carried.
+    tally: FeedbackTally,
     /// The vectors were taken out ([`ButterflyRound::take_buffers`]): only averages and
     /// part chunks already encoded still go out.
     closed: bool,
@@ -235,6 +237,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             dropped_senders: Vec::new(),
             stats: RoundStats::default(),
             feedback,
+            tally: FeedbackTally::default(),
             closed: false,
             group,
         };
@@ -267,6 +270,12 @@ impl<P: PeerKey> ButterflyRound<P> {
     /// chunks count with their exact averages, before any lossy encoding of them.
     pub fn moved_squared(&self) -> f64 {
         self.moved
+    }
+
+    /// What this round's sends encoded with error feedback so far, and what their encoding
+    /// lost and the residuals carry into the next round.
+    pub fn feedback_tally(&self) -> FeedbackTally {
+        self.tally
     }
 
     /// Whether the result is complete.
@@ -781,7 +790,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             return self.averages.mark(chunk, len);
         }
         let range = self.parts[self.me].layout.global(chunk);
-        let (codec, values) = (&mut self.codec, &self.local[range.clone()]);
+        let (codec, values, tally) = (&mut self.codec, &self.local[range.clone()], &mut self.tally);
         let feedback = self
             .feedback
             .as_mut()
@@ -792,7 +801,7 @@ impl<P: PeerKey> ButterflyRound<P> {
                 codec,
                 values,
                 (&mut f.residuals.averages, range.start),
-                &mut f.corrected,
+                (&mut f.corrected, tally),
                 buffer,
             ),
             None => codec.encode(values, buffer).unwrap_or(0),
@@ -854,7 +863,7 @@ impl<P: PeerKey> ButterflyRound<P> {
                     &mut self.codec,
                     values,
                     (&mut f.residuals.parts, range.start),
-                    &mut f.corrected,
+                    (&mut f.corrected, &mut self.tally),
                     buffer,
                 );
                 self.pool.set_len(reference, len);

@@ -54,6 +54,10 @@ pub struct RoundReport<P> {
     pub weights_capped: u64,
     /// Contributions this member's CenteredClip set aside as outliers, summed over chunks.
     pub contributions_rejected: u64,
+    /// With error feedback and a lossy codec, the fraction of what this member sent that
+    /// the codec lost and the residuals carry into its next round (`‖r‖ / ‖x + r‖` over its
+    /// sends: [`FeedbackTally::carried_ratio`]); `None` when nothing was sent with feedback.
+    pub feedback_carried: Option<f64>,
 }
 
 impl<P> RoundReport<P> {
@@ -476,13 +480,13 @@ impl<P: PeerKey> Collective<P> {
             Machine::Butterfly(r) => (r.stats().weights_capped, r.stats().contributions_rejected),
             Machine::Ring(_) => (0, 0),
         };
-        let (buffers, drift) = match &mut self.machine {
+        let (buffers, drift, tally) = match &mut self.machine {
             Machine::Butterfly(r) => {
                 // The machine keeps running on an empty round (it only sends averages that
                 // are already encoded), so swap its buffers out.
                 let buffers = r.take_buffers();
                 let drift = relative_drift(r.moved_squared(), &buffers.result);
-                (buffers, drift)
+                (buffers, drift, r.feedback_tally())
             }
             Machine::Ring(r) => {
                 let result = r.take_result();
@@ -492,6 +496,7 @@ impl<P: PeerKey> Collective<P> {
                         ..RoundBuffers::default()
                     },
                     None,
+                    r.feedback_tally(),
                 )
             }
         };
@@ -512,6 +517,7 @@ impl<P: PeerKey> Collective<P> {
             parameters: false,
             weights_capped,
             contributions_rejected,
+            feedback_carried: tally.carried_ratio(),
         };
         (buffers, report)
     }

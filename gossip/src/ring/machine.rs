@@ -8,7 +8,7 @@ use thiserror::Error;
 
 use crate::butterfly::buffers::encode_corrected;
 use crate::butterfly::payload::PayloadPool;
-use crate::butterfly::{Partition, PayloadRef, Residuals};
+use crate::butterfly::{FeedbackTally, Partition, PayloadRef, Residuals};
 use crate::{PeerKey, Time};
 
 /// Why a ring all-reduce refused a setup or a message.
@@ -128,6 +128,8 @@ pub struct RingAllReduce<P> {
     /// Error feedback with a lossy codec: `parts` for the reduce-scatter's partial sums,
     /// `averages` for the all-gather's averages, both indexed like the vector.
     feedback: Option<(Residuals, Vec<f32>)>,
+    /// What the sends encoded with error feedback, and what they carried.
+    tally: FeedbackTally,
 }
 
 impl<P: PeerKey> RingAllReduce<P> {
@@ -190,6 +192,7 @@ impl<P: PeerKey> RingAllReduce<P> {
             pool: PayloadPool::default(),
             outputs: VecDeque::new(),
             feedback: None,
+            tally: FeedbackTally::default(),
         };
         if steps == 0 {
             machine.average_owned_segment();
@@ -226,6 +229,12 @@ impl<P: PeerKey> RingAllReduce<P> {
         self.sent = 0;
         self.advance();
         self
+    }
+
+    /// What the sends encoded with error feedback so far, and what their encoding lost
+    /// and the residuals carry into the next round.
+    pub fn feedback_tally(&self) -> FeedbackTally {
+        self.tally
     }
 
     /// The residuals, once the round is over, for the next round.
@@ -430,7 +439,8 @@ impl<P: PeerKey> RingAllReduce<P> {
                         &mut residuals.averages
                     };
                     let residual = (residual, range.start);
-                    encode_corrected(&mut self.codec, values, residual, corrected, buffer)
+                    let scratch = (corrected, &mut self.tally);
+                    encode_corrected(&mut self.codec, values, residual, scratch, buffer)
                 }
                 _ => self.codec.encode(values, buffer).unwrap_or(0),
             };
