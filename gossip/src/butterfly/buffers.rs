@@ -2,6 +2,7 @@
 
 use murmur_protocol::codec::{Codec, CodecError, CodecSpec};
 
+use super::norm::squared_norm;
 use crate::vector16::Vector16;
 
 /// The memory a [`ButterflyRound`](super::ButterflyRound) works in: the member's
@@ -94,19 +95,6 @@ impl FeedbackTally {
     pub fn carried_ratio(&self) -> Option<f64> {
         (self.encoded_squared > 0.0).then(|| (self.carried_squared / self.encoded_squared).sqrt())
     }
-}
-
-/// `Σ x²`, accumulated in `f32` lanes a chunk at a time and summed in `f64`.
-fn squared_norm(values: &[f32]) -> f64 {
-    let mut lanes = [0f32; 8];
-    let mut blocks = values.chunks_exact(8);
-    for block in &mut blocks {
-        for (lane, x) in lanes.iter_mut().zip(block) {
-            *lane += x * x;
-        }
-    }
-    let tail: f32 = blocks.remainder().iter().map(|x| x * x).sum();
-    lanes.iter().map(|&l| f64::from(l)).sum::<f64>() + f64::from(tail)
 }
 
 /// Encodes `values + residual` into `buffer` and sets `residual` to what the encoding lost;
@@ -488,20 +476,6 @@ mod tests {
             with < 0.5 * without,
             "error of the mean over {ROUNDS} rounds: {with:e} with feedback, {without:e} without"
         );
-    }
-
-    /// The lanes and the tail add up to the plain sum of squares, at every length.
-    #[test]
-    fn squared_norm_is_the_sum_of_squares() {
-        for len in 0..40 {
-            let values: Vec<f32> = (0..len).map(|i| i as f32 * 0.5 - 3.0).collect();
-            let plain: f64 = values.iter().map(|&x| f64::from(x * x)).sum();
-            let lanes = super::squared_norm(&values);
-            assert!(
-                (lanes - plain).abs() <= 1e-9 * plain.max(1.0),
-                "{len}: {lanes} {plain}"
-            );
-        }
     }
 
     /// With `f32` a member sends its part's averages from its sums, where they are kept

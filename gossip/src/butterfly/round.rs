@@ -18,6 +18,12 @@ use super::reducer::{Reduction, squared_distance};
 use super::report::{ChunkCoverage, CoverageReport, PartCoverage, PartOutcome};
 use super::round_io::{RoundInput, RoundOutput, RoundStats};
 
+/// The most bytes of part chunks a round encodes ahead for quiet members when its vectors
+/// are taken out ([`ButterflyRound::take_buffers`]). Without a bound, a member whose peer
+/// went quiet early in a round of 500M `f32` elements encoded the peer's whole 1 GB part
+/// at once: a second gigabyte in small buffers, written in one turn of seconds.
+const OWED_BYTES_MAX: usize = 64 << 20;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PartState {
     Pending,
@@ -83,6 +89,8 @@ pub struct ButterflyRound<P> {
     /// Part chunks still owed to quiet members once the vectors were taken out, encoded
     /// then, per destination: chunk index and payload.
     owed: Vec<VecDeque<(usize, PayloadRef)>>,
+    /// The bound on `owed`'s bytes: [`OWED_BYTES_MAX`].
+    owed_bytes_max: usize,
     pool: PayloadPool,
     averages: EncodedAverages,
     /// The own part's averages are sent from the reducer's sums, where they are kept as
@@ -229,6 +237,7 @@ impl<P: PeerKey> ButterflyRound<P> {
             ready: Vec::new(),
             destinations: vec![Destination::default(); group.len()],
             owed: (0..group.len()).map(|_| VecDeque::new()).collect(),
+            owed_bytes_max: OWED_BYTES_MAX,
             pool: PayloadPool::default(),
             averages,
             averages_in_sum,
@@ -328,10 +337,19 @@ impl<P: PeerKey> ButterflyRound<P> {
         for i in 0..self.ready.len() {
             self.encode_average(self.ready[i] as usize);
         }
-        // A quiet member may be alive: it still gets the rest of its part.
+        // A quiet member may be alive: it still gets the rest of its part, up to
+        // `OWED_BYTES_MAX` in all. Past that it is served no more, and its reduction does
+        // without this member's contribution once its sender timeout passes, as for a
+        // member that left.
+        let mut budget = self.owed_bytes_max;
         for d in 0..self.destinations.len() {
             while !self.destinations[d].lost && self.owes_part_chunks(d) {
                 let chunk = self.destinations[d].next_part_chunk;
+                let elements = self.parts[d].layout.global(chunk).len();
+                let Some(left) = budget.checked_sub(self.codec.max_encoded_len(elements)) else {
+                    break;
+                };
+                budget = left;
                 self.destinations[d].next_part_chunk += 1;
                 let payload = self.encode_part_chunk(d, chunk);
                 self.owed[d].push_back((chunk, payload));
@@ -965,4 +983,156 @@ fn bad(address: ChunkAddress, reason: &'static str) -> ButterflyError {
 /// sends from here only on a little-endian host).
 fn as_le_bytes(values: &[f32]) -> &[u8] {
     bytemuck::cast_slice(values)
+}
+
+#[cfg(test)]
+mod tests {
+    use murmur_protocol::codec::CodecSpec;
+
+    use super::*;
+    use crate::butterfly::Partition;
+
+    const LEN: usize = 3 * 40 * 64;
+    const CHUNK: u32 = 64;
+
+    /// Members 0 and 1 of a group of three, member 2 quiet to both and never heard from:
+    /// they exchange everything between them, and their sends to member 2 stay unanswered
+    /// (in flight) until the round is taken apart.
+    fn finished_without_member_2() -> (Vec<ButterflyRound<u32>>, Vec<PayloadRef>) {
+        let partition = Partition::equal(LEN, 3, CHUNK as usize).expect("valid");
+        let group = Group::new(1, 42, vec![0, 1, 2], partition).expect("valid");
+        let config = ButterflyConfig {
+            chunk_elements: CHUNK,
+            chunks_in_flight: 2,
+            ..ButterflyConfig::default()
+        };
+        let mut rounds: Vec<ButterflyRound<u32>> = (0..2u32)
+            .map(|i| {
+                let local: Vec<f32> = (0..LEN).map(|e| (e as f32 + i as f32) * 0.01).collect();
+                let mut round = ButterflyRound::new(
+                    i,
+                    group.clone(),
+                    local,
+                    1.0,
+                    CodecSpec::F32,
+                    &config,
+                    Time::ZERO,
+                )
+                .expect("valid round");
+                round
+                    .handle(Time::ZERO, RoundInput::MemberQuiet(2))
+                    .expect("quiet");
+                round
+            })
+            .collect();
+        // Member 0's sends to member 2.
+        let mut held = Vec::new();
+        // Each chunk moves once; the bound only stops a runaway loop.
+        for _ in 0..10_000 {
+            let mut wires = Vec::new();
+            for (from, round) in rounds.iter_mut().enumerate() {
+                while let Some(output) = round.poll_output() {
+                    let (to, address, weight, averaged, payload) = match output {
+                        RoundOutput::SendPartChunk {
+                            to,
+                            address,
+                            weight,
+                            payload,
+                        } => (to, address, weight, false, payload),
+                        RoundOutput::SendAveragedChunk {
+                            to,
+                            address,
+                            total_weight,
+                            payload,
+                            ..
+                        } => (to, address, total_weight, true, payload),
+                        RoundOutput::Finished(_) => continue,
+                    };
+                    if to == 2 {
+                        if from == 0 {
+                            held.push(payload);
+                        }
+                        continue;
+                    }
+                    let bytes = round.payload(payload).expect("current").to_vec();
+                    round
+                        .handle(Time::ZERO, RoundInput::Sent { to, payload })
+                        .expect("ack");
+                    wires.push((from as u32, to as usize, address, weight, averaged, bytes));
+                }
+            }
+            if wires.is_empty() {
+                break;
+            }
+            for (from, to, address, weight, averaged, payload) in wires {
+                let input = if averaged {
+                    RoundInput::AveragedChunk {
+                        from,
+                        address,
+                        contributors: 2,
+                        total_weight: weight,
+                        codec: CodecSpec::F32,
+                        payload: &payload,
+                    }
+                } else {
+                    RoundInput::PartChunk {
+                        from,
+                        address,
+                        weight,
+                        codec: CodecSpec::F32,
+                        payload: &payload,
+                    }
+                };
+                rounds[to].handle(Time::ZERO, input).expect("delivered");
+            }
+        }
+        assert!(rounds.iter().all(ButterflyRound::is_finished));
+        (rounds, held)
+    }
+
+    /// What a member owes a quiet member once its vectors are taken out is bounded in
+    /// bytes; past the bound it is not served, and the round still goes idle once what it
+    /// did encode went out. With a bound above the part it is served the whole part.
+    #[test]
+    fn part_chunks_owed_to_a_quiet_member_are_bounded_in_bytes() {
+        let chunk_bytes = CHUNK as usize * 4;
+        let part_chunks = LEN / 3 / CHUNK as usize;
+        for (bound_chunks, owed) in [(5, 5), (part_chunks + 10, part_chunks - 2)] {
+            let (mut rounds, held) = finished_without_member_2();
+            // The window's two part chunks went out before member 2 fell quiet.
+            assert_eq!(held.len(), 2);
+            let round = &mut rounds[0];
+            round.owed_bytes_max = bound_chunks * chunk_bytes;
+            round.take_buffers();
+            assert_eq!(round.owed[2].len(), owed, "bound of {bound_chunks} chunks");
+            assert!(!round.is_idle());
+            // Member 2 wakes and takes what is sent to it: the round sends what it owes,
+            // and is done.
+            for payload in held {
+                round
+                    .handle(Time::ZERO, RoundInput::Sent { to: 2, payload })
+                    .expect("ack");
+            }
+            let mut sent = 0;
+            for _ in 0..10_000 {
+                let Some(output) = round.poll_output() else {
+                    break;
+                };
+                let (to, payload) = match output {
+                    RoundOutput::SendPartChunk { to, payload, .. } => {
+                        sent += 1;
+                        (to, payload)
+                    }
+                    // The averages of member 0's part go to member 2 too.
+                    RoundOutput::SendAveragedChunk { to, payload, .. } => (to, payload),
+                    RoundOutput::Finished(_) => continue,
+                };
+                round
+                    .handle(Time::ZERO, RoundInput::Sent { to, payload })
+                    .expect("ack");
+            }
+            assert_eq!(sent, owed);
+            assert!(round.is_idle(), "bound of {bound_chunks} chunks");
+        }
+    }
 }

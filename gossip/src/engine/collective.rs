@@ -7,6 +7,7 @@ use std::time::Duration;
 use murmur_protocol::codec::CodecSpec;
 use murmur_protocol::message::{AveragedChunk, ChunkAddress, TensorPartChunk};
 
+use crate::butterfly::norm::squared_norm;
 use crate::butterfly::{
     ButterflyConfig, ButterflyRound, Group, PayloadRef, Residuals, RoundBuffers, RoundInput,
     RoundOutput,
@@ -540,6 +541,6 @@ fn part_chunk<P>(address: ChunkAddress, weight: f32, codec: CodecSpec) -> Parcel
 /// squared L2 distance) to `result`: `‖local − result‖ / ‖result‖`, or `None` when the
 /// result is zero.
 pub(crate) fn relative_drift(moved_squared: f64, result: &[f32]) -> Option<f64> {
-    let norm: f64 = result.iter().map(|&y| f64::from(y).powi(2)).sum();
+    let norm = squared_norm(result);
     (norm > 0.0).then(|| (moved_squared / norm).sqrt())
 }

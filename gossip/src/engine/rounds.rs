@@ -34,6 +34,7 @@ use murmur_protocol::message::{GroupReject, JoinGroup};
 use rand::rngs::Xoshiro256PlusPlus;
 use rand::{RngExt, SeedableRng};
 
+use crate::butterfly::finite::first_non_finite;
 use crate::butterfly::{
     ButterflyConfig, Group, JoinRequest, MatchInput, MatchOutput, Matchmaker, MemberProfile,
     Partition, Residuals, RoundBuffers,
@@ -825,7 +826,7 @@ impl<P: PeerKey> RoundEngine<P> {
                 (local, weight)
             }
         };
-        if local.iter().any(|x| !x.is_finite()) {
+        if first_non_finite(&local).is_some() {
             // A trainer that diverged has nothing to give: this member takes the group's
             // average with no weight of its own, which also brings it back.
             self.outputs
