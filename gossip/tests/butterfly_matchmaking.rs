@@ -507,3 +507,57 @@ fn a_follower_leaves_a_gone_leader_at_once_and_asks_the_next() {
         .expect("peer 2 begins with peer 3 at once");
     assert_eq!(group.members(), &[2, 3]);
 }
+
+/// The group a leader begins lists its members by key, whoever leads: the same two peers,
+/// led by one in one round and by the other in the next, reduce the same parts both
+/// times, so that each sends and reduces the same elements round after round (error
+/// feedback's residuals are per element and role: a part that moves writes new ones).
+#[test]
+fn the_same_members_get_the_same_parts_whoever_leads() {
+    let (config, profile) = pairs();
+    let now = Time::ZERO;
+    let form = |round: u64, leader: u32, follower: u32, bandwidths: (u64, u64)| {
+        let mut lead = Matchmaker::new(leader, 100_000, config.clone()).expect("valid");
+        let own = MemberProfile {
+            bandwidth_bytes_per_s: bandwidths.0,
+            ..profile
+        };
+        lead.handle(
+            now,
+            MatchInput::Ready {
+                round,
+                group_id: round,
+                profile: own,
+            },
+        );
+        let request = murmur_gossip::butterfly::JoinRequest {
+            round,
+            deadline: now + config.max_wait() + Duration::from_millis(1),
+            bandwidth_bytes_per_s: bandwidths.1,
+            accepts_connections: true,
+            samples: 8,
+        };
+        lead.handle(
+            now,
+            MatchInput::JoinRequest {
+                from: follower,
+                request,
+            },
+        );
+        outputs(&mut lead)
+            .into_iter()
+            .find_map(|o| match o {
+                MatchOutput::Formed(group) => Some(group),
+                _ => None,
+            })
+            .expect("a full group begins at once")
+    };
+    // Peer 2 has three times peer 1's bandwidth, and takes three quarters of the vector.
+    let led_by_1 = form(1, 1, 2, (1_000_000, 3_000_000));
+    let led_by_2 = form(2, 2, 1, (3_000_000, 1_000_000));
+    for group in [&led_by_1, &led_by_2] {
+        assert_eq!(group.members(), &[1, 2]);
+        assert!(group.partition().range(1).len() > 2 * group.partition().range(0).len());
+    }
+    assert_eq!(led_by_1.partition(), led_by_2.partition());
+}

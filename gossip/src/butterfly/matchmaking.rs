@@ -516,16 +516,29 @@ impl<P: PeerKey> Matchmaker<P> {
         self.outputs.push_back(MatchOutput::Formed(group));
     }
 
+    /// The group of this leader and its followers, in the order of their keys: the same
+    /// members in a later round, whoever leads it, get the same parts (as far as their
+    /// bandwidths stay), so that each sends and reduces the same elements round after
+    /// round. Error feedback's residuals are kept per element and per role (a part chunk
+    /// sent, an average sent): a part that moved to another member leaves the residuals
+    /// of its old roles unused and writes new ones, up to both whole residual vectors,
+    /// where a stable partition writes each element in one of the two.
     fn build_group(&self) -> Option<Group<P>> {
-        let mut members = vec![self.me];
-        let mut links = vec![(
-            self.profile.bandwidth_bytes_per_s,
-            self.profile.accepts_connections,
+        let mut entries = vec![(
+            self.me,
+            (
+                self.profile.bandwidth_bytes_per_s,
+                self.profile.accepts_connections,
+            ),
         )];
         for (peer, request) in &self.followers {
-            members.push(*peer);
-            links.push((request.bandwidth_bytes_per_s, request.accepts_connections));
+            entries.push((
+                *peer,
+                (request.bandwidth_bytes_per_s, request.accepts_connections),
+            ));
         }
+        entries.sort_unstable_by_key(|(peer, _)| *peer);
+        let (members, links): (Vec<P>, Vec<(u64, bool)>) = entries.into_iter().unzip();
         let links = member_links(&links);
         let fractions = optimal_fractions(&links).ok()?;
         let partition = Partition::from_fractions(
