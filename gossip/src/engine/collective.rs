@@ -57,7 +57,8 @@ pub struct RoundReport<P> {
     pub contributions_rejected: u64,
     /// With error feedback and a lossy codec, the fraction of what this member sent that
     /// the codec lost and the residuals carry into its next round (`‖r‖ / ‖x + r‖` over its
-    /// sends: [`FeedbackTally::carried_ratio`]); `None` when nothing was sent with feedback.
+    /// sends: [`FeedbackTally::carried_ratio`](crate::butterfly::FeedbackTally::carried_ratio));
+    /// `None` when nothing was sent with feedback.
     pub feedback_carried: Option<f64>,
 }
 
