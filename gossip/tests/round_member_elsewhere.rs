@@ -1,8 +1,9 @@
 //! A member named in a group that never began it (its `GroupBegin` reached a process still
 //! joining the swarm, which then looks for a group of the same round) heartbeats on: it
-//! never goes quiet. Once its heartbeat, heard three intervals (at least 2 s) after the group began, says
-//! it is still looking for a group of that round, the others stop waiting for it, instead of
-//! waiting the chunk timeout for chunks it will never send. The engine is driven by hand.
+//! never goes quiet. Once its heartbeat, heard three intervals (at least 2 s) after the group
+//! began, says it is still looking for a group of that round, the others stop waiting for
+//! it, instead of waiting the chunk timeout for chunks it will never send. The engine is
+//! driven by hand.
 
 use std::time::Duration;
 

@@ -313,24 +313,9 @@ mod tests {
                 return;
             }
             for (from, to, address, weight, contributors, payload, averaged) in wires {
-                let input = if averaged {
-                    RoundInput::AveragedChunk {
-                        from,
-                        address,
-                        contributors,
-                        total_weight: weight,
-                        codec,
-                        payload: &payload,
-                    }
-                } else {
-                    RoundInput::PartChunk {
-                        from,
-                        address,
-                        weight,
-                        codec,
-                        payload: &payload,
-                    }
-                };
+                let contributors = averaged.then_some(contributors);
+                let input =
+                    RoundInput::arrived(from, address, weight, contributors, codec, &payload);
                 rounds[to].handle(Time::ZERO, input).expect("well-formed");
             }
         }

@@ -1065,24 +1065,15 @@ mod tests {
                 break;
             }
             for (from, to, address, weight, averaged, payload) in wires {
-                let input = if averaged {
-                    RoundInput::AveragedChunk {
-                        from,
-                        address,
-                        contributors: 2,
-                        total_weight: weight,
-                        codec: CodecSpec::F32,
-                        payload: &payload,
-                    }
-                } else {
-                    RoundInput::PartChunk {
-                        from,
-                        address,
-                        weight,
-                        codec: CodecSpec::F32,
-                        payload: &payload,
-                    }
-                };
+                let contributors = averaged.then_some(2);
+                let input = RoundInput::arrived(
+                    from,
+                    address,
+                    weight,
+                    contributors,
+                    CodecSpec::F32,
+                    &payload,
+                );
                 rounds[to].handle(Time::ZERO, input).expect("delivered");
             }
         }

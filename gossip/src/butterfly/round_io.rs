@@ -59,6 +59,39 @@ pub enum RoundInput<'a, P> {
     Tick,
 }
 
+#[cfg(test)]
+impl<'a, P> RoundInput<'a, P> {
+    /// What a chunk `from` sent makes at its receiver: with `contributors`, an average over
+    /// that many members of `weight` samples in all; without, a part chunk of a sender's
+    /// `weight` samples.
+    pub(crate) fn arrived(
+        from: P,
+        address: ChunkAddress,
+        weight: f32,
+        contributors: Option<u32>,
+        codec: CodecSpec,
+        payload: &'a [u8],
+    ) -> RoundInput<'a, P> {
+        match contributors {
+            Some(contributors) => RoundInput::AveragedChunk {
+                from,
+                address,
+                contributors,
+                total_weight: weight,
+                codec,
+                payload,
+            },
+            None => RoundInput::PartChunk {
+                from,
+                address,
+                weight,
+                codec,
+                payload,
+            },
+        }
+    }
+}
+
 /// What a [`ButterflyRound`](super::ButterflyRound) asks its caller to do.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RoundOutput<P> {
