@@ -57,7 +57,8 @@ pub use error::{ConfigError, DataError, DeviceError, ExportError, TrainerError};
 pub use export::export_safetensors;
 pub use layout::{Init, ParamLayout, TensorSpec};
 pub use model::{
-    Activation, DataShape, Gpt, GptConfig, GptPreset, GradWrite, Mlp, MlpConfig, Model, ModelConfig,
+    Activation, BLOCK_LOGITS, DataShape, Gpt, GptConfig, GptPreset, GradWrite, Mlp, MlpConfig,
+    Model, ModelConfig,
 };
 pub use optim::{MomentCodes, MomentKind, Optimizer, OptimizerConfig, Slot};
 pub use schedule::{LrSchedule, ScheduleConfig};

@@ -1,5 +1,6 @@
-//! The check that a member's contribution holds only finite values, made once per round
-//! over the whole vector, so it runs at memory speed.
+//! The check that a member's contribution holds only finite values, made over the whole
+//! vector at a round's beginning (by the engine, and again by the round, which validates
+//! its input), so it runs at memory speed.
 
 /// Index of the first non-finite element, if any. The check over the whole vector is
 /// branch-free so that it vectorizes; the position is looked for only when it fails.

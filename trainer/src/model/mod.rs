@@ -22,6 +22,7 @@ pub(crate) use autograd::ParamTensors;
 pub use gpt::{Gpt, GptConfig};
 pub use gpt_preset::GptPreset;
 pub use mlp::{Activation, Mlp, MlpConfig};
+pub use projected_loss::BLOCK_LOGITS;
 
 use crate::batch::Batch;
 use crate::error::{ConfigError, TrainerError};

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use super::autograd::cross_entropy;
 use super::grad_sink::{GradSink, add_transposed_product};
 
-/// The most logits one block holds: 4 Mi floats (16 MiB).
-const BLOCK_LOGITS: usize = 1 << 22;
+/// The most logits one block holds on the CPU: 4 Mi floats (16 MiB).
+pub const BLOCK_LOGITS: usize = 1 << 22;
 
 /// Mean cross-entropy, in nats, of the logits `x · weightᵀ` (`x`: `[n, d]`, `weight`:
 /// `[vocab, d]`) against `targets` (`n` token ids below `vocab`). With `head_grad`, the
