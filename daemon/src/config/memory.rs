@@ -437,17 +437,9 @@ mod tests {
 
     #[test]
     fn adams_moments_in_8_bits_count_a_quarter_of_their_f32_bytes() {
-        use murmur_trainer::OptimizerConfig;
         let mut task = TaskPreset::default_local();
         let shape = crate::config::validate::data_shape(&task).expect("a synthetic shape");
         let params = 1_000_000;
-        let adamw = |moment_bits| OptimizerConfig::AdamW {
-            beta1: 0.9,
-            beta2: 0.99,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            moment_bits,
-        };
         task.optimizer = adamw(32);
         let full = estimate(
             &task,
@@ -528,6 +520,17 @@ mod tests {
         }
     }
 
+    /// AdamW keeping its moments in `moment_bits` bits.
+    fn adamw(moment_bits: u8) -> murmur_trainer::OptimizerConfig {
+        murmur_trainer::OptimizerConfig::AdamW {
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            moment_bits,
+        }
+    }
+
     /// A GPT of `layers` blocks of `heads` heads and width `width` on GPT-2's vocabulary,
     /// 256 tokens a sequence, 4 sequences a step.
     fn gpt_task(layers: usize, heads: usize, width: usize) -> TaskConfig {
@@ -552,13 +555,7 @@ mod tests {
         // more than `none`), while its estimate counts its vectors beside them.
         check_against(&task, 38_473_216, Passes::whole(1), &MEASURED_38M, 1.8);
         let mut task = gpt_task(12, 12, 768);
-        task.optimizer = murmur_trainer::OptimizerConfig::AdamW {
-            beta1: 0.9,
-            beta2: 0.99,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            moment_bits: 8,
-        };
+        task.optimizer = adamw(8);
         assert_eq!(crate::config::param_count(&task), Some(123_849_984));
         let passes = Passes {
             micro_batches: 4,
